@@ -1,0 +1,162 @@
+"""GGUF -> (ModelConfig, params, tokenizer), through the `gguf` package."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from jaxspec.checkpoints import hf
+from jaxspec.config import ModelConfig, RopeScaling
+
+GGUF_MAGIC = b"GGUF"
+# llama.cpp permutes q/k rows of these architectures for its interleaved rope.
+_PERMUTED = ("llama", "mistral")
+_LLAMA_LIKE = ("llama", "mistral", "qwen2")
+
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "post_attention_norm": "post_attention_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def _hf_name(gguf_name: str, arch: str) -> str | None:
+    """GGUF tensor name -> Hugging Face name (None for tensors jaxspec does not use)."""
+    top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+           "output.weight": "lm_head.weight"}
+    if gguf_name in top:
+        return top[gguf_name]
+    parts = gguf_name.split(".")
+    if parts[0] != "blk" or len(parts) != 4:
+        return None
+    _, i, kind, suffix = parts
+    if kind == "ffn_norm":
+        base = "pre_feedforward_layernorm" if arch == "gemma3" else "post_attention_layernorm"
+    elif kind in _BLOCK_NAMES:
+        base = _BLOCK_NAMES[kind]
+    else:
+        return None
+    return f"model.layers.{i}.{base}.{suffix}"
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row permutation (rows [n_head * head_dim, ...])."""
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+class GGUFError(ValueError):
+    pass
+
+
+def _open(path: Path):
+    import gguf
+
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {path}")
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise GGUFError(f"{path} is not a GGUF file (bad magic bytes)")
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:  # the reader fails in many ways on a truncated file
+        raise GGUFError(f"{path} is a corrupt or truncated GGUF file: {e}") from e
+
+
+def _field(reader, key, default=None):
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def config_from_gguf(reader) -> ModelConfig:
+    arch = _field(reader, "general.architecture")
+    if arch not in _LLAMA_LIKE + ("gemma3",):
+        raise GGUFError(f"unknown GGUF architecture {arch!r}: jaxspec loads "
+                        f"{_LLAMA_LIKE + ('gemma3',)}")
+
+    def g(key, default=None):
+        return _field(reader, f"{arch}.{key}", default)
+
+    heads = int(g("attention.head_count"))
+    hidden = int(g("embedding_length"))
+    head_dim = int(g("attention.key_length", g("rope.dimension_count", hidden // heads)))
+    tensors = {t.name for t in reader.tensors}
+    if "rope_freqs.weight" in tensors:
+        raise GGUFError("GGUF files with precomputed rope_freqs (Llama 3.1 rope scaling) are not "
+                        "supported; load the Hugging Face directory instead")
+    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    scaling = None
+    if g("rope.scaling.type") == "linear":
+        scaling = RopeScaling("linear", float(g("rope.scaling.factor")))
+    common = dict(
+        vocab_size=vocab, hidden_size=hidden, num_layers=int(g("block_count")),
+        num_heads=heads, num_kv_heads=int(g("attention.head_count_kv", heads)), head_dim=head_dim,
+        intermediate_size=int(g("feed_forward_length")),
+        rms_eps=float(g("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(g("rope.freq_base", 10000.0)), rope_scaling=scaling,
+        max_position=int(g("context_length", 8192)),
+        tie_embeddings="output.weight" not in tensors,
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=() if eos is None else (int(eos),),
+        pad_token_id=int(_field(reader, "tokenizer.ggml.padding_token_id", 0)))
+    if arch == "gemma3":
+        window = int(g("attention.sliding_window"))
+        n = common["num_layers"]
+        return ModelConfig(
+            arch="gemma3", **common, rope_local_theta=10000.0, sliding_window=window,
+            layer_types=tuple("full" if (i + 1) % 6 == 0 else "sliding" for i in range(n)),
+            query_scale=head_dim ** -0.5)
+    return ModelConfig(arch="llama", **common, qkv_bias="blk.0.attn_q.bias" in tensors)
+
+
+def load_gguf(path: str | os.PathLike, dtype=np.float32, progress=None):
+    """(config, params) from a GGUF file, dequantised to float32 and cast to `dtype`.
+
+    `progress(done, total)` is called as tensors are dequantised.
+    """
+    import gguf
+
+    path = Path(path)
+    reader = _open(path)
+    config = config_from_gguf(reader)
+    arch = _field(reader, "general.architecture")
+    tensors = {}
+    for done, t in enumerate(reader.tensors, 1):
+        name = _hf_name(t.name, arch)
+        if name is None:
+            continue
+        try:
+            w = gguf.quants.dequantize(t.data, t.tensor_type)
+        except Exception as e:
+            raise GGUFError(f"{path}: cannot dequantise tensor {t.name} "
+                            f"({t.tensor_type.name}): {e}") from e
+        w = np.asarray(w, np.float32).reshape(tuple(int(d) for d in reversed(t.shape)))
+        if arch in _PERMUTED and name.endswith(("q_proj.weight", "k_proj.weight")):
+            n = config.num_heads if "q_proj" in name else config.num_kv_heads
+            w = _unpermute(w, n)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            w = w - 1.0  # llama.cpp stores Gemma's 1 + w; the HF layout holds w
+        tensors[name] = w
+        if progress:
+            progress(done, len(reader.tensors))
+    return config, hf.params_from_hf_state(tensors.__getitem__, config, dtype)
+
+
+def load_gguf_tokenizer(path: str | os.PathLike):
+    """The tokenizer transformers builds from the GGUF file's vocabulary."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

@@ -1,0 +1,92 @@
+"""jaxspec checkpoint directories: orbax params + config.json + tokenizer files.
+
+Layout: `<dir>/jaxspec.json` (config and format version), `<dir>/params/` (orbax),
+`<dir>/tokenizer/` (save_pretrained files, optional). Written to a temporary sibling and renamed,
+so a killed save never leaves a half-written checkpoint behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import jax
+
+from jaxspec.config import ModelConfig
+from jaxspec.models.params import check_params
+
+FORMAT = 1
+MARKER = "jaxspec.json"
+
+
+def is_checkpoint(path: str | os.PathLike) -> bool:
+    return (Path(path) / MARKER).is_file()
+
+
+def save(path: str | os.PathLike, params: dict, config: ModelConfig, tokenizer=None,
+         extra: dict | None = None) -> Path:
+    import orbax.checkpoint as ocp
+
+    path = Path(path).absolute()
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(tmp / "params", params)
+        ckptr.wait_until_finished()
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(tmp / "tokenizer"))
+    dtypes = {str(x.dtype) for x in jax.tree.leaves(params)}
+    if len(dtypes) != 1:
+        raise ValueError(f"params mix dtypes {sorted(dtypes)}")
+    meta = {"format": FORMAT, "config": config.to_dict(), "dtype": dtypes.pop(), **(extra or {})}
+    (tmp / MARKER).write_text(json.dumps(meta, indent=2))
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+    return path
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    marker = Path(path) / MARKER
+    try:
+        meta = json.loads(marker.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not a readable jaxspec checkpoint: {e}") from e
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path}: checkpoint format {meta.get('format')} is not {FORMAT}")
+    return meta
+
+
+def restore(path: str | os.PathLike, dtype=None, shardings=None):
+    """(config, params, meta). `shardings`: a pytree of `jax.sharding.Sharding` to restore onto."""
+    import orbax.checkpoint as ocp
+
+    from jaxspec.models.params import param_shapes
+
+    path = Path(path).absolute()
+    meta = read_meta(path)
+    config = ModelConfig.from_dict(meta["config"])
+    dtype_saved = meta.get("dtype", "float32")
+    abstract = jax.tree.map(lambda shape: jax.ShapeDtypeStruct(shape, dtype_saved),
+                            param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
+    if shardings is not None:
+        abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                abstract, shardings)
+    with ocp.StandardCheckpointer() as ckptr:
+        try:
+            params = ckptr.restore(path / "params", abstract)
+        except Exception as e:
+            raise ValueError(f"{path}: cannot restore params: {e}") from e
+    check_params(params, config)
+    if dtype is not None:
+        params = jax.tree.map(lambda x: x.astype(dtype), params)
+    return config, params, meta
+
+
+def load_tokenizer(path: str | os.PathLike):
+    from transformers import AutoTokenizer
+
+    tok_dir = Path(path) / "tokenizer"
+    return AutoTokenizer.from_pretrained(str(tok_dir)) if tok_dir.is_dir() else None

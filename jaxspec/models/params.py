@@ -1,0 +1,78 @@
+"""Param layout: shapes, logical axis names, and random initialisation.
+
+Per-layer weights are stacked on a leading `layers` axis. Norm weights hold the full multiplier
+(Gemma's `1 + w` is folded in), so one `rms_norm` serves both families.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxspec.config import ModelConfig
+
+
+def param_axes(config: ModelConfig) -> dict:
+    """Logical axis names of every param, as a pytree parallel to the params."""
+    lay = {
+        "attn_norm": ("layers", "embed"),
+        "wq": ("layers", "embed", "heads", "head_dim"),
+        "wk": ("layers", "embed", "kv_heads", "head_dim"),
+        "wv": ("layers", "embed", "kv_heads", "head_dim"),
+        "wo": ("layers", "heads", "head_dim", "embed"),
+        "mlp_norm": ("layers", "embed"),
+        "w_gate": ("layers", "embed", "mlp"),
+        "w_up": ("layers", "embed", "mlp"),
+        "w_down": ("layers", "mlp", "embed"),
+    }
+    if config.qkv_bias:
+        lay.update(bq=("layers", "heads", "head_dim"), bk=("layers", "kv_heads", "head_dim"),
+                   bv=("layers", "kv_heads", "head_dim"))
+    if config.arch == "gemma3":
+        lay.update(q_norm=("layers", "head_dim"), k_norm=("layers", "head_dim"),
+                   post_attn_norm=("layers", "embed"), post_mlp_norm=("layers", "embed"))
+    axes = {"embed": ("vocab", "embed"), "layers": lay, "final_norm": ("embed",)}
+    if not config.tie_embeddings:
+        axes["lm_head"] = ("embed", "head_vocab" if config.head_vocab_size else "vocab")
+    return axes
+
+
+def param_shapes(config: ModelConfig) -> dict:
+    c = config
+    dims = {"layers": c.num_layers, "embed": c.hidden_size, "heads": c.num_heads,
+            "kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "mlp": c.intermediate_size,
+            "vocab": c.vocab_size, "head_vocab": c.head_vocab_size}
+    return jax.tree.map(lambda names: tuple(dims[n] for n in names), param_axes(c),
+                        is_leaf=lambda x: isinstance(x, tuple))
+
+
+def init_params(config: ModelConfig, key, dtype=jnp.float32, std: float = 0.02) -> dict:
+    """Random params: normal(std) for matrices, ones for norms, zeros for biases."""
+    shapes = param_shapes(config)
+    flat, treedef = jax.tree.flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
+    keys = jax.random.split(key, len(flat))
+    leaves = []
+    for (path, shape), k in zip(flat, keys):
+        name = path[-1].key
+        if name.endswith("norm"):
+            leaves.append(jnp.ones(shape, dtype))
+        elif name in ("bq", "bk", "bv"):
+            leaves.append(jnp.zeros(shape, dtype))
+        else:
+            leaves.append((std * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def check_params(params: dict, config: ModelConfig) -> None:
+    """Raise ValueError naming the first param whose presence or shape disagrees with config."""
+    want = param_shapes(config)
+    want_flat = dict(jax.tree.flatten_with_path(want, is_leaf=lambda x: isinstance(x, tuple))[0])
+    got_flat = dict(jax.tree.flatten_with_path(params)[0])
+    for path in want_flat.keys() - got_flat.keys():
+        raise ValueError(f"param {jax.tree_util.keystr(path)} is missing")
+    for path in got_flat.keys() - want_flat.keys():
+        raise ValueError(f"unexpected param {jax.tree_util.keystr(path)}")
+    for path, shape in want_flat.items():
+        if tuple(got_flat[path].shape) != shape:
+            raise ValueError(f"param {jax.tree_util.keystr(path)} has shape "
+                             f"{tuple(got_flat[path].shape)}, config expects {shape}")
