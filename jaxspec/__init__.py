@@ -1,6 +1,9 @@
 """jaxspec: fast multilingual LLM inference with speculative decoding and specialised drafters."""
 
 from jaxspec.config import ModelConfig
+from jaxspec.decoding.drafters import layer_skip_drafter, model_drafter, ngram_drafter
+from jaxspec.decoding.runner import GenerationResult, generate, speculative_generate
 from jaxspec.loading import Model, load, score
 
-__all__ = ["Model", "ModelConfig", "load", "score"]
+__all__ = ["GenerationResult", "Model", "ModelConfig", "generate", "layer_skip_drafter", "load",
+           "model_drafter", "ngram_drafter", "score", "speculative_generate"]

@@ -1,0 +1,205 @@
+"""Host side of decoding: prompts -> padded buckets -> one compiled call -> results."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.decoding import speculative
+from jaxspec.decoding.drafters import Drafter, ModelSpec, as_drafter
+from jaxspec.decoding.sampling import Sampling
+
+_PROMPT_BUCKET_MIN = 16
+_CACHE_BUCKET = 128
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    token_ids: list[list[int]]  # new tokens per row
+    texts: list[str]
+    accept_lengths: list[list[int]]  # per row, tokens gained at each verification step
+    tau: float  # mean tokens gained per verification step
+    acceptance_rate: float | None  # accepted drafts / proposed drafts; None without a drafter
+    wall_time_s: float  # prefill + decode, compile excluded
+    compile_time_s: float
+    gamma: int = 0
+
+    @property
+    def num_new_tokens(self) -> int:
+        return sum(len(t) for t in self.token_ids)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_new_tokens / self.wall_time_s if self.wall_time_s > 0 else 0.0
+
+
+def _bucket(n: int, minimum: int) -> int:
+    return max(minimum, 1 << max(0, math.ceil(math.log2(max(n, 1)))))
+
+
+def encode_prompts(model, prompts, chat: bool) -> list[list[int]]:
+    """Strings (through the model's tokenizer, optionally its chat template) or token id lists."""
+    if isinstance(prompts, (str, np.ndarray)) or (
+            prompts and isinstance(prompts[0], (int, np.integer))):
+        prompts = [prompts]
+    if not prompts:
+        raise ValueError("no prompts given")
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            tok = model.tokenizer
+            if tok is None:
+                raise ValueError("string prompts need a model with a tokenizer; pass token ids")
+            if chat:
+                if not getattr(tok, "chat_template", None):
+                    raise ValueError("chat=True, but the tokenizer has no chat template")
+                ids = tok.apply_chat_template([{"role": "user", "content": p}],
+                                              add_generation_prompt=True, tokenize=True)
+                ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+            else:
+                ids = tok(p).input_ids
+        else:
+            ids = [int(t) for t in np.asarray(p).reshape(-1)]
+        if not ids:
+            raise ValueError("empty prompt")
+        out.append(list(ids))
+    return out
+
+
+def _stop_ids(model, stop) -> tuple[int, ...]:
+    ids = set(model.config.eos_token_ids)
+    tok = model.tokenizer
+    if tok is not None and tok.eos_token_id is not None:
+        ids.add(int(tok.eos_token_id))
+    for s in [stop] if isinstance(stop, (str, int)) else (stop or ()):
+        if isinstance(s, str):
+            enc = tok.encode(s, add_special_tokens=False) if tok is not None else []
+            if len(enc) != 1:
+                raise ValueError(f"stop string {s!r} is {len(enc)} tokens; stops must be single "
+                                 f"tokens (pass ids for several)")
+            ids.add(enc[0])
+        else:
+            ids.add(int(s))
+    return tuple(sorted(ids))
+
+
+def _check_vocab(target, drafter: Drafter):
+    spec = drafter.spec
+    if not isinstance(spec, ModelSpec) or spec.layers is not None:
+        return
+    tv, dv = target.config.vocab_size, spec.config.vocab_size
+    t_tok = target.tokenizer
+    d_tok = getattr(drafter, "tokenizer", None)
+    if spec.subset_vocab:
+        ids = np.asarray(drafter.params["vocab_ids"])
+        if ids.min() < 0 or ids.max() >= tv:
+            raise ValueError(f"drafter vocab_ids reach {ids.max()}, target vocabulary is {tv}")
+        return
+    if tv == dv:
+        return
+    # Heads that differ only by padding past the tokenizer's real vocabulary are accepted.
+    real = len(t_tok) if t_tok is not None else None
+    if real is None or (d_tok is not None and len(d_tok) != real) or min(tv, dv) < real:
+        raise ValueError(f"drafter vocabulary ({dv}) does not match the target's ({tv})")
+
+
+class Decoder:
+    """Compiles and caches one function per static setting and shape bucket."""
+
+    def __init__(self):
+        self._compiled = {}
+
+    def __call__(self, target, drafter, prompts, *, gamma, max_new_tokens, sampling, seed, stop,
+                 chat) -> GenerationResult:
+        if gamma < 0 or (drafter is not None and gamma < 1):
+            raise ValueError(f"gamma must be >= 1 with a drafter, got {gamma}")
+        ids = encode_prompts(target, prompts, chat)
+        B = len(ids)
+        max_new = np.broadcast_to(np.asarray(max_new_tokens, np.int64), (B,))
+        if (max_new < 1).any():
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        vocab = target.config.vocab_size
+        for row in ids:
+            bad = [t for t in row if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        lengths = np.array([len(r) for r in ids])
+        need = int((lengths + max_new).max()) + gamma + 1
+        if need > target.config.max_position:
+            raise ValueError(f"prompt ({lengths.max()} tokens) + max_new_tokens "
+                             f"({max_new.max()}) + gamma + 1 = {need} exceeds the model's "
+                             f"{target.config.max_position} positions")
+        prefill_len = min(_bucket(int(lengths.max()), _PROMPT_BUCKET_MIN), need)
+        T = min(-(-need // _CACHE_BUCKET) * _CACHE_BUCKET, target.config.max_position)
+        Bp = _bucket(B, 1)
+        tokens = np.full((Bp, T), target.config.pad_token_id, np.int32)
+        for b, row in enumerate(ids):
+            tokens[b, :len(row)] = row
+        lengths_p = np.concatenate([lengths, np.ones(Bp - B, np.int64)]).astype(np.int32)
+        max_new_p = np.concatenate([max_new, np.zeros(Bp - B, np.int64)]).astype(np.int32)
+
+        if drafter is not None:
+            drafter = as_drafter(drafter)
+            _check_vocab(target, drafter)
+        statics = dict(config=target.config, prefill_len=prefill_len, gamma=gamma,
+                       sampling=sampling, stop_ids=_stop_ids(target, stop))
+        args = (target.params, drafter, jnp.asarray(tokens), jnp.asarray(lengths_p),
+                jnp.asarray(max_new_p), jax.random.key(seed))
+        key = (tuple(sorted(statics.items(), key=lambda kv: kv[0])),
+               jax.tree.structure(args), tuple((a.shape, a.dtype) for a in jax.tree.leaves(args)))
+        t0 = time.perf_counter()
+        if key not in self._compiled:
+            fn = jax.jit(speculative.run, static_argnames=tuple(statics))
+            self._compiled[key] = fn.lower(*args, **statics).compile()
+        compile_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        state = jax.block_until_ready(self._compiled[key](*args))
+        wall = time.perf_counter() - t0
+        return _result(target, state, B, gamma, wall, compile_s)
+
+
+def _result(target, state, B, gamma, wall, compile_s) -> GenerationResult:
+    tokens, lengths, prompt_lengths, steps, gained = jax.device_get(
+        (state.tokens_BxT, state.lengths_B, state.prompt_lengths_B, state.steps_B,
+         state.gained_BxT))
+    token_ids = [tokens[b, prompt_lengths[b]:lengths[b]].tolist() for b in range(B)]
+    accept = [gained[b, :steps[b]].tolist() for b in range(B)]
+    flat = [a for row in accept for a in row]
+    tau = float(np.mean(flat)) if flat else 0.0
+    rate = None
+    if gamma:
+        rate = float(sum(a - 1 for a in flat) / (gamma * len(flat))) if flat else 0.0
+    tok = target.tokenizer
+    texts = [tok.decode(t, skip_special_tokens=True) if tok is not None else "" for t in token_ids]
+    return GenerationResult(token_ids, texts, accept, tau, rate, wall, compile_s, gamma)
+
+
+_DECODER = Decoder()
+
+
+def generate(model, prompts, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, seed: int = 0, stop=None,
+             chat: bool = False) -> GenerationResult:
+    """Autoregressive decoding: prefill, then one `lax.while_loop` of one token per step."""
+    return _DECODER(model, None, prompts, gamma=0, max_new_tokens=max_new_tokens,
+                    sampling=Sampling(temperature, top_k, top_p), seed=seed, stop=stop, chat=chat)
+
+
+def speculative_generate(target, drafter, prompts, gamma: int = 4,
+                         max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
+                         top_k: int | None = None, top_p: float | None = None, seed: int = 0,
+                         stop=None, chat: bool = False) -> GenerationResult:
+    """Speculative decoding: `drafter` (a jaxspec Model or a Drafter from `layer_skip_drafter`,
+    `ngram_drafter`, `model_drafter`) proposes `gamma` tokens, the target verifies them in one
+    call, and each row keeps what it accepts. Greedy output equals `generate`'s; sampled output
+    has exactly the target's distribution."""
+    if drafter is None:
+        raise ValueError("speculative_generate needs a drafter; use generate without one")
+    return _DECODER(target, drafter, prompts, gamma=gamma, max_new_tokens=max_new_tokens,
+                    sampling=Sampling(temperature, top_k, top_p), seed=seed, stop=stop, chat=chat)
