@@ -52,7 +52,7 @@ def _hf_name(gguf_name: str, arch: str) -> str | None:
 
 def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     """Undo llama.cpp's q/k row permutation (rows [n_head * head_dim, ...])."""
-    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+    return (w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
             .swapaxes(1, 2).reshape(w.shape))
 
 
@@ -95,6 +95,10 @@ def config_from_gguf(reader) -> ModelConfig:
     if "rope_freqs.weight" in tensors:
         raise GGUFError("GGUF files with precomputed rope_freqs (Llama 3.1 rope scaling) are not "
                         "supported; load the Hugging Face directory instead")
+    unsupported = {"blk.0.attn_output.bias", "blk.0.ffn_up.bias", "blk.0.ffn_down.bias"} & tensors
+    if unsupported:
+        raise GGUFError(f"GGUF tensors {sorted(unsupported)} are not supported: jaxspec has "
+                        f"biases on q/k/v only")
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     scaling = None

@@ -1,0 +1,137 @@
+"""Spec-Bench runner: questions -> one `model_answer` JSONL per method -> report.
+
+Methods (`--methods`):
+  ar                    jaxspec.generate (the baseline)
+  ngram[:N]             prompt lookup, n-grams up to N (default 3)
+  layerskip:SPEC        the target with layers skipped; SPEC like "10-19" or "3,5,7"
+  drafter:PATH          a trained jaxspec drafter (checkpoint dir, HF dir or GGUF)
+  hf                    transformers `generate`, PyTorch fp32, on the same weights
+  hf-assisted:PATH      transformers assisted generation with that drafter
+Each runs at every gamma (speculative methods) and temperature given. Answer files are appended
+one question at a time, so a killed run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from tqdm.auto import tqdm
+
+from jaxspec.bench.questions import append_answer, done_question_ids, read_questions
+
+KINDS = ("ar", "ngram", "layerskip", "drafter", "hf", "hf-assisted")
+SPECULATIVE = ("ngram", "layerskip", "drafter", "hf-assisted")
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    kind: str
+    arg: str | None = None
+    gamma: int = 0
+    temperature: float = 0.0
+
+    @property
+    def name(self) -> str:
+        arg = "" if self.arg is None else "-" + Path(self.arg).name.replace(",", "_")
+        gamma = f"-g{self.gamma}" if self.gamma else ""
+        return f"{self.kind}{arg}{gamma}-t{self.temperature:g}"
+
+
+def parse_methods(specs: Sequence[str], gammas: Sequence[int],
+                  temperatures: Sequence[float]) -> list[Method]:
+    out = []
+    for spec in specs:
+        kind, _, arg = spec.partition(":")
+        if kind not in KINDS:
+            raise ValueError(f"unknown method {spec!r}; methods are {', '.join(KINDS)}")
+        if kind in ("layerskip", "drafter", "hf-assisted") and not arg:
+            raise ValueError(f"method {kind} needs an argument: {kind}:...")
+        if kind in ("drafter", "hf-assisted") and not Path(arg).exists():
+            raise FileNotFoundError(f"drafter path {arg!r} (method {spec}) does not exist")
+        if kind == "layerskip":
+            parse_layers(arg)
+        for t in temperatures:
+            for g in (gammas if kind in SPECULATIVE else [0]):
+                out.append(Method(kind, arg or None, g, float(t)))
+    return out
+
+
+def parse_layers(spec: str) -> list[int]:
+    """"10-19" or "3,5,7" or a mix -> layer indices."""
+    layers = []
+    try:
+        for part in spec.split(","):
+            lo, _, hi = part.partition("-")
+            layers += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    except ValueError:
+        raise ValueError(f"bad layer list {spec!r}: use e.g. '10-19' or '3,5,7'") from None
+    return layers
+
+
+class _JaxRunner:
+    def __init__(self, target, method: Method, chat: bool, stop):
+        import jaxspec
+
+        self.target, self.method, self.chat, self.stop = target, method, chat, stop
+        self.drafter = None
+        if method.kind == "ngram":
+            self.drafter = jaxspec.ngram_drafter(int(method.arg or 3))
+        elif method.kind == "layerskip":
+            self.drafter = jaxspec.layer_skip_drafter(target, parse_layers(method.arg))
+        elif method.kind == "drafter":
+            self.drafter = jaxspec.model_drafter(jaxspec.load(method.arg))
+
+    def __call__(self, prompt: str, max_new_tokens: int, seed: int):
+        import jaxspec
+
+        kw = dict(max_new_tokens=max_new_tokens, temperature=self.method.temperature, seed=seed,
+                  stop=self.stop, chat=self.chat)
+        if self.drafter is None:
+            r = jaxspec.generate(self.target, [prompt], **kw)
+        else:
+            r = jaxspec.speculative_generate(self.target, self.drafter, [prompt],
+                                             gamma=self.method.gamma, **kw)
+        return r.texts[0], len(r.token_ids[0]), r.wall_time_s, r.accept_lengths[0], \
+            r.compile_time_s
+
+
+def run_bench(target: str, questions: str, methods: Sequence[Method], out_dir: str, *,
+              max_new_tokens: int = 64, template: str = "{prompt}", chat: bool = False,
+              stop=None, limit: int | None = None, seed: int = 0) -> dict[str, Path]:
+    """Answer every question with every method; returns {method name: answer file}."""
+    import jaxspec
+
+    qs = read_questions(questions)[:limit]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = jaxspec.load(target)
+    files = {}
+    for m in methods:
+        path = files[m.name] = out / f"{m.name}.jsonl"
+        todo = [q for q in qs if q["question_id"] not in done_question_ids(path)]
+        if not todo:
+            continue
+        if m.kind.startswith("hf"):
+            from jaxspec.bench.hf_baseline import HFRunner
+            runner = HFRunner(target, model, m, chat, stop)
+        else:
+            runner = _JaxRunner(model, m, chat, stop)
+        runner(template.format(prompt=todo[0]["turns"][0]), max_new_tokens, seed)  # warm-up
+        for q in tqdm(todo, desc=m.name, unit="q", file=sys.stderr):
+            turns, new, wall, accept, compile_s = [], [], [], [], 0.0
+            for turn in q["turns"]:
+                text, n, t, acc, c = runner(template.format(prompt=turn), max_new_tokens, seed)
+                turns.append(text), new.append(n), wall.append(t), accept.extend(acc)
+                compile_s += c
+            record = {"question_id": q["question_id"], "category": q["category"],
+                      "model_id": m.name, "tstamp": time.time(), "compile_time_s": compile_s,
+                      "choices": [{"index": 0, "turns": turns, "new_tokens": new,
+                                   "wall_time": wall, "accept_lengths": accept}]}
+            if m.gamma:
+                record["gamma"] = m.gamma
+            append_answer(path, record)
+    return files

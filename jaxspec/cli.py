@@ -1,0 +1,208 @@
+"""The `jaxspec` command. Every subcommand takes `--config FILE.yaml` and trailing `key=value`
+overrides; explicit flags win over both."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from jaxspec.config import load_yaml, merge
+
+
+def _options(args, defaults: dict) -> dict:
+    """defaults <- YAML <- key=value overrides <- flags given on the command line."""
+    cfg = merge(defaults, load_yaml(args.config, args.overrides))
+    flags = {k: v for k, v in vars(args).items()
+             if v is not None and k not in ("config", "overrides", "command", "func")}
+    return merge(cfg, flags)
+
+
+def _add_common(p: argparse.ArgumentParser):
+    p.add_argument("--config", help="YAML file of options (flags and key=value override it)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="override any option, e.g. max_new_tokens=32 or train.lr=1e-4")
+
+
+def cmd_generate(args):
+    import jaxspec
+
+    o = _options(args, {"model": "smollm2-135m-instruct", "max_new_tokens": 64,
+                        "temperature": 0.0, "gamma": 4, "chat": False, "seed": 0})
+    if not o.get("prompt"):
+        raise SystemExit("jaxspec generate: give --prompt")
+    model = jaxspec.load(o["model"])
+    kw = dict(max_new_tokens=o["max_new_tokens"], temperature=o["temperature"],
+              top_k=o.get("top_k"), top_p=o.get("top_p"), seed=o["seed"], stop=o.get("stop"),
+              chat=o["chat"])
+    drafter = o.get("drafter")
+    if drafter:
+        from jaxspec.bench.specbench import parse_layers
+        if drafter.startswith("ngram"):
+            d = jaxspec.ngram_drafter(int(drafter.partition(":")[2] or 3))
+        elif drafter.startswith("layerskip:"):
+            d = jaxspec.layer_skip_drafter(model, parse_layers(drafter.partition(":")[2]))
+        else:
+            d = jaxspec.model_drafter(jaxspec.load(drafter))
+        r = jaxspec.speculative_generate(model, d, o["prompt"], gamma=o["gamma"], **kw)
+    else:
+        r = jaxspec.generate(model, o["prompt"], **kw)
+    for text in r.texts:
+        print(text)
+    print(f"[{r.num_new_tokens} tokens, {r.tokens_per_s:.1f} tok/s, tau {r.tau:.2f}, "
+          f"compile {r.compile_time_s:.1f}s]", file=sys.stderr)
+
+
+def cmd_bench(args):
+    from jaxspec.bench import specbench
+    from jaxspec.bench.report import report
+
+    o = _options(args, {"questions": None, "out_dir": "runs/bench", "max_new_tokens": 64,
+                        "gammas": [4], "temperatures": [0.0], "limit": None, "seed": 0})
+    if not o.get("questions"):
+        raise SystemExit("jaxspec bench: give --questions (a Spec-Bench question.jsonl)")
+    runs = o.get("runs") or [{k: o[k] for k in ("target", "methods", "template", "chat", "stop")
+                              if k in o}]
+    results = {}
+    for run in runs:
+        run = {**{k: v for k, v in o.items() if k != "runs"}, **run}
+        if not run.get("target") or not run.get("methods"):
+            raise SystemExit("jaxspec bench: each run needs a target and methods")
+        if "ar" not in run["methods"]:
+            run["methods"] = ["ar", *run["methods"]]
+        methods = specbench.parse_methods(run["methods"], run["gammas"], run["temperatures"])
+        out = Path(run["out_dir"]) / Path(run["target"]).name
+        files = specbench.run_bench(
+            run["target"], run["questions"], methods, str(out),
+            max_new_tokens=run["max_new_tokens"], template=run.get("template") or "{prompt}",
+            chat=bool(run.get("chat")), stop=run.get("stop"), limit=run["limit"],
+            seed=run["seed"])
+        baseline = next(m.name for m in methods if m.kind == "ar" and m.temperature ==
+                        run["temperatures"][0])
+        results[run["target"]] = report(files, baseline, out)
+        print((out / "report.md").read_text())
+    Path(o["out_dir"]).mkdir(parents=True, exist_ok=True)
+    (Path(o["out_dir"]) / "results.json").write_text(json.dumps(results, indent=2))
+
+
+def cmd_report(args):
+    from jaxspec.bench.report import report
+
+    o = _options(args, {"out_dir": None})
+    files = {Path(f).stem: f for f in o.get("answers") or []}
+    if not files or not o.get("baseline"):
+        raise SystemExit("jaxspec report: give --answers FILE... and --baseline NAME")
+    report(files, o["baseline"], o["out_dir"] or Path(next(iter(files.values()))).parent)
+    print((Path(o["out_dir"] or Path(next(iter(files.values()))).parent) / "report.md")
+          .read_text())
+
+
+def cmd_export(args):
+    import jaxspec
+    from jaxspec.checkpoints import store
+    from jaxspec.checkpoints.hf import export_hf_dir
+
+    o = _options(args, {"format": "hf"})
+    if not o.get("model") or not o.get("out"):
+        raise SystemExit("jaxspec export: give --model and --out")
+    m = jaxspec.load(o["model"])
+    if o["format"] == "hf":
+        export_hf_dir(m.params, m.config, o["out"], m.tokenizer)
+    elif o["format"] == "jaxspec":
+        store.save(o["out"], m.params, m.config, m.tokenizer)
+    else:
+        raise SystemExit(f"jaxspec export: unknown format {o['format']!r} (hf, jaxspec)")
+    print(f"wrote {o['out']}")
+
+
+def cmd_demo(args):
+    from jaxspec import demo
+
+    o = _options(args, {"target": "gemma3-270m", "gamma": 4, "max_new_tokens": 48})
+    rows = demo.run(o["target"], o.get("drafter"), o["gamma"], o["max_new_tokens"])
+    if not all(r["identical"] for r in rows):
+        raise SystemExit(1)
+
+
+def cmd_distill(args):
+    from jaxspec.training import recipe
+
+    recipe.run_distill(_options(args, {}))
+
+
+def cmd_train(args):
+    from jaxspec.training import recipe
+
+    recipe.run_train(_options(args, {}))
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="jaxspec", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    g = sub.add_parser("generate", help="generate text, optionally with speculative decoding")
+    g.add_argument("--model", help="registered name, .gguf, HF dir or jaxspec checkpoint")
+    g.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
+    g.add_argument("--drafter", help="ngram[:N], layerskip:LAYERS, or a drafter path")
+    g.add_argument("--gamma", type=int, help="draft length (default 4)")
+    g.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
+    g.add_argument("--temperature", type=float, help="0 is greedy (default)")
+    g.add_argument("--top-k", dest="top_k", type=int)
+    g.add_argument("--top-p", dest="top_p", type=float)
+    g.add_argument("--seed", type=int)
+    g.add_argument("--stop", action="append", help="a stop token (single-token string)")
+    g.add_argument("--chat", action="store_true", default=None, help="apply the chat template")
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="Spec-Bench run: baseline and methods, then a report")
+    b.add_argument("--questions", help="Spec-Bench question.jsonl")
+    b.add_argument("--target", help="target model")
+    b.add_argument("--methods", nargs="+", help="ar ngram[:N] layerskip:L drafter:PATH hf "
+                                                "hf-assisted:PATH")
+    b.add_argument("--gammas", nargs="+", type=int, help="draft lengths (default 4)")
+    b.add_argument("--temperatures", nargs="+", type=float, help="default 0 (greedy)")
+    b.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
+    b.add_argument("--template", help="prompt template with {prompt}")
+    b.add_argument("--stop", help="stop token (single-token string)")
+    b.add_argument("--chat", action="store_true", default=None, help="apply the chat template")
+    b.add_argument("--limit", type=int, help="only the first N questions")
+    b.add_argument("--out-dir", dest="out_dir", help="where answers and reports go")
+    b.set_defaults(func=cmd_bench)
+
+    r = sub.add_parser("report", help="speedup and tau from model_answer files")
+    r.add_argument("--answers", nargs="+", help="model_answer JSONL files (name = file stem)")
+    r.add_argument("--baseline", help="the baseline's name (file stem)")
+    r.add_argument("--out-dir", dest="out_dir")
+    r.set_defaults(func=cmd_report)
+
+    e = sub.add_parser("export", help="write a model as an HF directory or jaxspec checkpoint")
+    e.add_argument("--model")
+    e.add_argument("--out")
+    e.add_argument("--format", choices=("hf", "jaxspec"))
+    e.set_defaults(func=cmd_export)
+
+    d = sub.add_parser("demo", help="translate 5 languages to English with speculative decoding")
+    d.add_argument("--target")
+    d.add_argument("--drafter", help="drafter path (default: the shipped one, else n-gram)")
+    d.add_argument("--gamma", type=int)
+    d.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
+    d.set_defaults(func=cmd_demo)
+
+    for name, func, text in (
+            ("distill", cmd_distill, "self-distillation: the target answers training prompts"),
+            ("train", cmd_train, "pretrain or finetune a drafter")):
+        s = sub.add_parser(name, help=text, description=text + ". Options: see configs/*.yaml.")
+        s.set_defaults(func=func)
+    for s in sub.choices.values():
+        _add_common(s)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""`jaxspec demo`: translate into English from five languages with speculative decoding on the
+embedded Gemma 3 270M, and check every output against plain greedy decoding."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# One-shot prompts: Gemma 3 270M is a base model, so an example sets the format.
+EXAMPLES = {
+    "German": ("Ich trinke jeden Morgen einen Kaffee.", "I drink a coffee every morning."),
+    "French": ("Je bois un café tous les matins.", "I drink a coffee every morning."),
+    "Japanese": ("私は毎朝コーヒーを飲みます。", "I drink a coffee every morning."),
+    "Russian": ("Я пью кофе каждое утро.", "I drink a coffee every morning."),
+    "Chinese": ("我每天早上喝一杯咖啡。", "I drink a coffee every morning."),
+}
+SENTENCES = {
+    "German": "Die Stadt hat im letzten Jahr drei neue Schulen gebaut.",
+    "French": "Le train pour Paris part à huit heures du matin.",
+    "Japanese": "明日は雨が降るので、傘を持って行ってください。",
+    "Russian": "Мой брат работает врачом в большой больнице.",
+    "Chinese": "这家餐厅的菜非常好吃，而且价格也不贵。",
+}
+TEMPLATE = "Translate {lang} to English.\n{lang}: {src_ex}\nEnglish: {tgt_ex}\n{lang}: {src}\nEnglish:"
+
+# A drafter trained by jaxspec's recipe, shipped in the repository when present.
+TRAINED_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "gemma3-270m-deen"
+
+
+def prompt(lang: str, sentence: str) -> str:
+    src_ex, tgt_ex = EXAMPLES[lang]
+    return TEMPLATE.format(lang=lang, src_ex=src_ex, tgt_ex=tgt_ex, src=sentence)
+
+
+def pick_drafter(target, drafter_path: str | None):
+    """(drafter, description): the given or shipped trained drafter, else n-gram lookup."""
+    import jaxspec
+
+    path = Path(drafter_path) if drafter_path else TRAINED_DRAFTER
+    if path.exists():
+        return jaxspec.model_drafter(jaxspec.load(path)), f"trained drafter {path}"
+    if drafter_path:
+        raise FileNotFoundError(f"drafter {drafter_path} does not exist")
+    return jaxspec.ngram_drafter(3), ("n-gram prompt lookup (no trained drafter shipped; the "
+                                      "best untrained kind here)")
+
+
+def run(target: str = "gemma3-270m", drafter: str | None = None, gamma: int = 4,
+        max_new_tokens: int = 48, out=sys.stdout) -> list[dict]:
+    import jaxspec
+
+    model = jaxspec.load(target)
+    d, desc = pick_drafter(model, drafter)
+    print(f"target: {target}   drafter: {desc}   gamma: {gamma}", file=out)
+    rows = []
+    for lang, sentence in SENTENCES.items():
+        p = prompt(lang, sentence)
+        base = jaxspec.generate(model, [p], max_new_tokens=max_new_tokens, stop="\n")
+        spec = jaxspec.speculative_generate(model, d, [p], gamma=gamma,
+                                            max_new_tokens=max_new_tokens, stop="\n")
+        row = {"language": lang, "source": sentence, "translation": spec.texts[0].strip(),
+               "tau": spec.tau, "tokens_per_s": spec.tokens_per_s,
+               "baseline_tokens_per_s": base.tokens_per_s,
+               "identical": spec.token_ids == base.token_ids}
+        rows.append(row)
+        print(f"\n[{lang}] {sentence}\n  -> {row['translation']}\n"
+              f"  tau {row['tau']:.2f}   {row['tokens_per_s']:.1f} tok/s speculative vs "
+              f"{row['baseline_tokens_per_s']:.1f} tok/s autoregressive "
+              f"({row['tokens_per_s'] / max(row['baseline_tokens_per_s'], 1e-9):.2f}x)   "
+              f"identical to greedy: {'yes' if row['identical'] else 'NO'}", file=out)
+    same = all(r["identical"] for r in rows)
+    print(f"\nall outputs identical to greedy decoding: {'yes' if same else 'NO'}", file=out)
+    return rows
