@@ -29,6 +29,7 @@ class Model:
     params: dict
     tokenizer: Any = None
     name: str = ""
+    vocab_ids: np.ndarray | None = None  # drafters with a reduced head: head index -> token id
 
     def apply(self, tokens_BxS, positions_BxS, cache):
         return forward(self.params, self.config, tokens_BxS, positions_BxS, cache)
@@ -67,18 +68,27 @@ def cache_root() -> Path:
     return Path(os.environ.get("JAXSPEC_CACHE", Path.home() / ".cache" / "jaxspec"))
 
 
+# Bump when GGUF conversion changes its output, so stale converted caches are not reused.
+CONVERSION_VERSION = 2
+
+
 def _cache_dir(source: Path) -> Path:
     st = source.stat()
-    key = hashlib.sha256(f"{source.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+    key = hashlib.sha256(f"{source.resolve()}|{st.st_size}|{st.st_mtime_ns}|"
+                         f"v{CONVERSION_VERSION}".encode()).hexdigest()
     return cache_root() / "converted" / f"{source.stem}-{key[:12]}"
 
 
-def _progress(desc: str, total: int):
+def _progress(desc: str):
+    """A progress callback `update(done, total)`; the bar opens on the first call."""
     from tqdm.auto import tqdm
 
-    bar = tqdm(total=total, desc=desc, unit="tensor", file=sys.stderr, leave=False)
+    bar = None
 
-    def update(done, _total=None):
+    def update(done, total):
+        nonlocal bar
+        if bar is None:
+            bar = tqdm(total=total, desc=desc, unit="tensor", file=sys.stderr, leave=False)
         bar.update(done - bar.n)
         if done >= total:
             bar.close()
@@ -94,8 +104,8 @@ def _convert_gguf(path: Path, cache: bool):
         if tokenizer is not None:
             return config, params, tokenizer
     t0 = time.perf_counter()
-    reader_total = len(gguf._open(path).tensors)
-    config, params = gguf.load_gguf(path, progress=_progress(f"converting {path.name}", reader_total))
+    # (Opening a GGUFReader parses the whole vocabulary: open it once, in load_gguf.)
+    config, params = gguf.load_gguf(path, progress=_progress(f"converting {path.name}"))
     tokenizer = gguf.load_gguf_tokenizer(path)
     if cache:
         store.save(target, params, config, tokenizer, extra={"source": str(path)})
@@ -113,14 +123,17 @@ def load(name_or_path: str | os.PathLike, dtype=jnp.float32, cache: bool = True)
     if not path.exists():
         raise FileNotFoundError(
             f"{name!r} is neither a registered model ({', '.join(REGISTRY)}) nor an existing path")
+    vocab_ids = None
     if path.is_file():
         if path.suffix != ".gguf":
             raise ValueError(f"{path}: jaxspec loads .gguf files, HF directories and jaxspec "
                              f"checkpoint directories")
         config, params, tokenizer = _convert_gguf(path, cache)
     elif store.is_checkpoint(path):
-        config, params, _ = store.restore(path)
+        config, params, meta = store.restore(path)
         tokenizer = store.load_tokenizer(path)
+        if meta.get("vocab_ids") is not None:
+            vocab_ids = np.asarray(meta["vocab_ids"], np.int32)
     elif (path / "config.json").exists():
         from transformers import AutoTokenizer
 
@@ -130,7 +143,7 @@ def load(name_or_path: str | os.PathLike, dtype=jnp.float32, cache: bool = True)
         raise ValueError(f"{path} has neither config.json (Hugging Face) nor {store.MARKER} "
                          f"(jaxspec checkpoint)")
     params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
-    return Model(config, params, tokenizer, name)
+    return Model(config, params, tokenizer, name, vocab_ids)
 
 
 def check_token_ids(token_ids, vocab_size: int) -> np.ndarray:

@@ -88,8 +88,14 @@ def config_from_gguf(reader) -> ModelConfig:
     def g(key, default=None):
         return _field(reader, f"{arch}.{key}", default)
 
-    heads = int(g("attention.head_count"))
-    hidden = int(g("embedding_length"))
+    def need(key):
+        value = g(key)
+        if value is None:
+            raise GGUFError(f"GGUF metadata has no {arch}.{key}")
+        return value
+
+    heads = int(need("attention.head_count"))
+    hidden = int(need("embedding_length"))
     head_dim = int(g("attention.key_length", g("rope.dimension_count", hidden // heads)))
     tensors = {t.name for t in reader.tensors}
     if "rope_freqs.weight" in tensors:
@@ -99,15 +105,17 @@ def config_from_gguf(reader) -> ModelConfig:
     if unsupported:
         raise GGUFError(f"GGUF tensors {sorted(unsupported)} are not supported: jaxspec has "
                         f"biases on q/k/v only")
+    if "tokenizer.ggml.tokens" not in reader.fields:
+        raise GGUFError("GGUF metadata has no tokenizer.ggml.tokens (the vocabulary)")
     vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     scaling = None
     if g("rope.scaling.type") == "linear":
         scaling = RopeScaling("linear", float(g("rope.scaling.factor")))
     common = dict(
-        vocab_size=vocab, hidden_size=hidden, num_layers=int(g("block_count")),
+        vocab_size=vocab, hidden_size=hidden, num_layers=int(need("block_count")),
         num_heads=heads, num_kv_heads=int(g("attention.head_count_kv", heads)), head_dim=head_dim,
-        intermediate_size=int(g("feed_forward_length")),
+        intermediate_size=int(need("feed_forward_length")),
         rms_eps=float(g("attention.layer_norm_rms_epsilon", 1e-6)),
         rope_theta=float(g("rope.freq_base", 10000.0)), rope_scaling=scaling,
         max_position=int(g("context_length", 8192)),
@@ -116,7 +124,7 @@ def config_from_gguf(reader) -> ModelConfig:
         eos_token_ids=() if eos is None else (int(eos),),
         pad_token_id=int(_field(reader, "tokenizer.ggml.padding_token_id", 0)))
     if arch == "gemma3":
-        window = int(g("attention.sliding_window"))
+        window = int(need("attention.sliding_window"))
         n = common["num_layers"]
         return ModelConfig(
             arch="gemma3", **common, rope_local_theta=10000.0, sliding_window=window,

@@ -160,13 +160,17 @@ def config_from_hf(hf: dict) -> ModelConfig:
             raise ValueError(f"unsupported activation {hf['hidden_act']!r} for {mtype}")
         if mtype == "mistral" and hf.get("sliding_window"):
             raise ValueError("Mistral checkpoints with a sliding window are not supported")
+        if mtype != "qwen2" and (hf.get("attention_bias") or hf.get("mlp_bias")):
+            # Llama's attention_bias also biases o_proj, mlp_bias the MLP: jaxspec has neither.
+            raise ValueError(f"{mtype} checkpoints with attention_bias or mlp_bias are not "
+                             f"supported (jaxspec biases q/k/v only, as Qwen2 does)")
         scaling = rope if "rope_type" in rope else hf.get("rope_scaling")
         return ModelConfig(
             arch="llama", head_dim=head_dim, **common,
             rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
             rope_scaling=_rope_scaling(scaling),
             tie_embeddings=bool(hf.get("tie_word_embeddings", mtype != "qwen2")),
-            qkv_bias=mtype == "qwen2" or bool(hf.get("attention_bias", False)))
+            qkv_bias=mtype == "qwen2")
     if mtype in ("gemma3_text", "gemma3"):
         full = rope.get("full_attention", {}) if rope else {}
         local = rope.get("sliding_attention", {}) if rope else {}
@@ -176,6 +180,8 @@ def config_from_hf(hf: dict) -> ModelConfig:
             pattern = hf.get("sliding_window_pattern", 6)
             layer_types = tuple("full" if (i + 1) % pattern == 0 else "sliding"
                                 for i in range(hf["num_hidden_layers"]))
+        if hf.get("attention_bias"):
+            raise ValueError("Gemma 3 checkpoints with attention_bias are not supported")
         if hf.get("final_logit_softcapping") or hf.get("attn_logit_softcapping"):
             raise ValueError("logit soft-capping is not supported (Gemma 3 does not use it)")
         return ModelConfig(
@@ -212,14 +218,23 @@ def hf_config_from_config(c: ModelConfig) -> dict:
                            original_max_position_embeddings=s.original_max_position)
     if c.arch == "llama":
         rope = {"rope_type": "default", "rope_theta": c.rope_theta, **(scaling or {})}
-        return {**out, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
-                "hidden_act": "silu", "attention_bias": c.qkv_bias, "mlp_bias": False,
-                "rope_theta": c.rope_theta, "rope_scaling": scaling, "rope_parameters": rope}
+        common = {**out, "hidden_act": "silu", "rope_theta": c.rope_theta,
+                  "rope_scaling": scaling, "rope_parameters": rope}
+        if c.qkv_bias:  # Llama's attention_bias would add an o_proj bias: q/k/v bias is Qwen2
+            return {**common, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+                    "use_sliding_window": False}
+        return {**common, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
+                "attention_bias": False, "mlp_bias": False}
+    # transformers validates query_pre_attn_scalar as an int.
+    scalar = (c.query_scale or c.head_dim ** -0.5) ** -2
+    if abs(scalar - round(scalar)) > 1e-6 * scalar:
+        raise ValueError(f"query_scale={c.query_scale} is not 1/sqrt of an integer, which "
+                         f"Gemma3's query_pre_attn_scalar must be")
     return {**out, "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"],
             "hidden_activation": "gelu_pytorch_tanh", "sliding_window": c.sliding_window,
             "layer_types": ["sliding_attention" if s else "full_attention"
                             for s in c.sliding_layers],
-            "query_pre_attn_scalar": (c.query_scale or c.head_dim ** -0.5) ** -2,
+            "query_pre_attn_scalar": round(scalar),
             "rope_theta": c.rope_theta, "rope_local_base_freq": c.rope_local_theta,
             "rope_scaling": scaling,
             "rope_parameters": {

@@ -27,24 +27,33 @@ def is_checkpoint(path: str | os.PathLike) -> bool:
 
 def save(path: str | os.PathLike, params: dict, config: ModelConfig, tokenizer=None,
          extra: dict | None = None) -> Path:
+    """Write a checkpoint directory. With several processes every one must call this (orbax
+    saves collectively); process 0 alone touches the directory itself."""
     import orbax.checkpoint as ocp
+    from jax.experimental import multihost_utils
 
-    path = Path(path).absolute()
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(tmp / "params", params)
-        ckptr.wait_until_finished()
-    if tokenizer is not None:
-        tokenizer.save_pretrained(str(tmp / "tokenizer"))
     dtypes = {str(x.dtype) for x in jax.tree.leaves(params)}
     if len(dtypes) != 1:
         raise ValueError(f"params mix dtypes {sorted(dtypes)}")
-    meta = {"format": FORMAT, "config": config.to_dict(), "dtype": dtypes.pop(), **(extra or {})}
-    (tmp / MARKER).write_text(json.dumps(meta, indent=2))
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
+    path = Path(path).absolute()
+    tmp = path.with_name(path.name + ".tmp")
+    lead = jax.process_index() == 0
+    if lead:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    multihost_utils.sync_global_devices(f"jaxspec-save-start:{path}")
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(tmp / "params", params)
+        ckptr.wait_until_finished()
+    if lead:
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(tmp / "tokenizer"))
+        meta = {"format": FORMAT, "config": config.to_dict(), "dtype": dtypes.pop(),
+                **(extra or {})}
+        (tmp / MARKER).write_text(json.dumps(meta, indent=2))
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+    multihost_utils.sync_global_devices(f"jaxspec-save-done:{path}")
     return path
 
 

@@ -17,7 +17,8 @@ def rms_norm(x, scale, eps: float):
     (Gemma's `1 + w` is folded in when loading)."""
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (y * scale.astype(jnp.float32)).astype(x.dtype)
+    scale = scale.astype(jnp.float32).reshape((1,) * (x.ndim - scale.ndim) + scale.shape)
+    return (y * scale).astype(x.dtype)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> jnp.ndarray:
@@ -42,7 +43,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> j
 
 def rope_angles(positions_BxS, inv_freq_H2):
     """cos, sin of shape [batch, seq, head_dim // 2]."""
-    angles = positions_BxS.astype(jnp.float32)[..., None] * inv_freq_H2
+    angles = positions_BxS.astype(jnp.float32)[..., None] * inv_freq_H2[None, None, :]
     return jnp.cos(angles), jnp.sin(angles)
 
 
@@ -73,11 +74,11 @@ def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, wind
     q = q_BxSxNxH.reshape(B, S, K, N // K, H)
     scores = jnp.einsum("BSKGH,BTKH->BKGST", q, k_BxTxKxH,
                         preferred_element_type=jnp.float32) * scale
-    kv_pos_T = jnp.arange(k_BxTxKxH.shape[1])
+    kv_pos_1x1xT = jnp.arange(k_BxTxKxH.shape[1])[None, None, :]
     q_pos = positions_BxS[:, :, None]
-    mask_BxSxT = kv_pos_T <= q_pos
+    mask_BxSxT = kv_pos_1x1xT <= q_pos
     if window is not None:
-        mask_BxSxT &= kv_pos_T > q_pos - window
+        mask_BxSxT &= kv_pos_1x1xT > q_pos - window
     scores = jnp.where(mask_BxSxT[:, None, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_BxTxKxH.dtype)
     out = jnp.einsum("BKGST,BTKH->BSKGH", probs, v_BxTxKxH)

@@ -22,7 +22,7 @@ def _layer(x, lp, k_cache, v_cache, positions, rope_global, rope_local, is_slidi
     k = jnp.einsum("BSD,DKH->BSKH", h, lp["wk"])
     v = jnp.einsum("BSD,DKH->BSKH", h, lp["wv"])
     if config.qkv_bias:
-        q, k, v = q + lp["bq"], k + lp["bk"], v + lp["bv"]
+        q, k, v = q + lp["bq"][None, None], k + lp["bk"][None, None], v + lp["bv"][None, None]
     if gemma:
         q = L.rms_norm(q, lp["q_norm"], config.rms_eps)
         k = L.rms_norm(k, lp["k_norm"], config.rms_eps)
@@ -60,6 +60,9 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
     if cache.k_LxBxTxKxH.shape[0] != len(layer_ids):
         raise ValueError(f"cache has {cache.k_LxBxTxKxH.shape[0]} layers, model runs "
                          f"{len(layer_ids)}")
+    if tokens_BxS.shape[1] > cache.max_len:
+        raise ValueError(f"{tokens_BxS.shape[1]} tokens do not fit a cache of {cache.max_len} "
+                         f"slots")
     embed_VxD = params["embed"]
     x = embed_VxD[tokens_BxS]
     if config.arch == "gemma3":

@@ -1,0 +1,172 @@
+"""Recipe entry points over a plain config dict (`jaxspec.config.load_yaml` + overrides).
+
+Keys (see configs/*.yaml):
+  seed, target (a model name/path, or {random: {ModelConfig fields}, seed}: a random model with
+  the byte tokenizer), languages [source, target], chat (auto | true | false),
+  template (wraps each translation prompt: "...{prompt}...", e.g. one-shot for base models),
+  distributed (null | auto | {coordinator_address, num_processes, process_id}),
+  data: {prompts, pretrain, eval}: source specs for `data.load_source` (eval also takes `num`),
+  distill: {out_dir, temperatures, max_new_tokens, block_size, batch_size, top_k, top_p},
+  drafter: {init: target | random, num_layers, config: {ModelConfig overrides}, head_vocab_size},
+  train: {workdir, ...TrainSettings shared by both stages, pretrain: {...}, finetune: {...}}.
+A stage runs when its `steps` > 0. The drafter is saved to `<workdir>/drafter`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import jax
+import numpy as np
+
+from jaxspec.config import ModelConfig
+from jaxspec.training import data, distill, drafter_init, sharding, trainer
+
+DISTILL_KEYS = ("temperatures", "max_new_tokens", "block_size", "batch_size", "top_k", "top_p",
+                "stop")
+TOP_KEYS = {"seed", "target", "languages", "chat", "template", "distributed", "data", "distill",
+            "drafter", "train"}
+SOURCE_TYPES = {"tfds", "specbench", "sharegpt", "text", "selfgen"}
+
+
+def check_config(cfg: dict) -> None:
+    """Raise a ValueError naming the first unknown or invalid key, before anything runs."""
+    def unknown(where, keys, known):
+        extra = set(keys) - set(known)
+        if extra:
+            raise ValueError(f"{where}: unknown keys {sorted(extra)}; known: {sorted(known)}")
+
+    unknown("recipe", cfg, TOP_KEYS)
+    for key in ("target", "data", "distill", "train"):
+        if key not in cfg:
+            raise ValueError(f"recipe: missing {key!r}")
+    for name, spec in cfg["data"].items():
+        unknown("data", [name], ("prompts", "pretrain", "eval"))
+        if spec.get("type") not in SOURCE_TYPES:
+            raise ValueError(f"data.{name}: type must be one of {sorted(SOURCE_TYPES)}")
+    unknown("distill", cfg["distill"], ("out_dir", *DISTILL_KEYS))
+    drafter = cfg.get("drafter", {})
+    unknown("drafter", drafter, ("init", "num_layers", "config", "head_vocab_size"))
+    unknown("drafter.config", drafter.get("config", {}), ModelConfig.__dataclass_fields__)
+    if "prompts" not in cfg["data"]:
+        raise ValueError("recipe: data.prompts (the distillation prompts) is missing")
+    if _stage_settings(cfg, "pretrain") and "pretrain" not in cfg["data"]:
+        raise ValueError("recipe: train.pretrain has steps but data.pretrain is missing")
+    _stage_settings(cfg, "finetune")
+
+
+def load_target(spec):
+    """A registered name or path through `jaxspec.load`, or {random: {...}, seed}: a random model
+    with the byte tokenizer (tests, notebooks)."""
+    from jaxspec.loading import Model, load
+    from jaxspec.models.params import init_params
+
+    if isinstance(spec, str):
+        return load(spec)
+    if not isinstance(spec, dict) or "random" not in spec:
+        raise ValueError(f"target must be a model name/path or {{random: {{...}}}}, got {spec!r}")
+    config = ModelConfig.from_dict(spec["random"])
+    init = jax.jit(init_params, static_argnums=0)  # one compile instead of one per op
+    params = jax.device_get(init(config, jax.random.key(spec.get("seed", 0))))
+    return Model(config, params, data.byte_tokenizer(), "random")
+
+
+def _chat(cfg: dict, target) -> bool:
+    chat = cfg.get("chat", "auto")
+    if chat == "auto":
+        return bool(getattr(target.tokenizer, "chat_template", None))
+    return bool(chat)
+
+
+def _languages(cfg: dict) -> tuple[str | None, str]:
+    langs = cfg.get("languages") or [None, "en"]
+    return langs[0], langs[1]
+
+
+def _prompts(cfg: dict, key: str, target, generate_fn) -> list[str]:
+    spec = dict(cfg["data"][key])
+    num = spec.pop("num", None)
+    if spec.get("type") == "selfgen":
+        spec.setdefault("chat", _chat(cfg, target))
+    prompts = data.to_prompts(data.load_source(spec, target, generate_fn), *_languages(cfg))
+    prompts = [cfg.get("template", "{prompt}").format(prompt=p) for p in prompts]
+    return prompts[:num] if num is not None else prompts
+
+
+def run_distill(cfg: dict, generate_fn: Callable | None = None) -> Path:
+    """Self-distillation of the `data.prompts` source by the target; returns the output dir."""
+    check_config(cfg)
+    sharding.init_distributed(cfg.get("distributed"))
+    target = load_target(cfg["target"])
+    dcfg = cfg["distill"]
+    prompts = _prompts(cfg, "prompts", target, generate_fn)
+    return distill.distill(target, prompts, dcfg["out_dir"], seed=cfg.get("seed", 0),
+                           chat=_chat(cfg, target), generate_fn=generate_fn,
+                           process_index=jax.process_index(), process_count=jax.process_count(),
+                           **{k: dcfg[k] for k in DISTILL_KEYS if k in dcfg})
+
+
+def init_drafter(cfg: dict, target, token_ids) -> tuple[ModelConfig, dict, np.ndarray | None]:
+    """Drafter config, host params and head vocab ids (None for a full head)."""
+    dcfg = cfg.get("drafter", {})
+    init = dcfg.get("init", "target")
+    if init == "target":
+        config, params = drafter_init.from_target(target.config, target.params,
+                                                  int(dcfg.get("num_layers", 1)))
+        config = config.replace(**dcfg.get("config", {}))
+    elif init == "random":
+        config = target.config.replace(**dcfg.get("config", {}))
+        params = drafter_init.random_init(config, cfg.get("seed", 0))
+    else:
+        raise ValueError(f"drafter.init must be 'target' or 'random', got {init!r}")
+    vocab_ids = None
+    if dcfg.get("head_vocab_size"):
+        eos = target.config.eos_token_ids or (target.tokenizer.eos_token_id,)
+        vocab_ids = drafter_init.frequent_vocab(token_ids, int(dcfg["head_vocab_size"]),
+                                                target.config.vocab_size, always=eos)
+        config, params = drafter_init.reduce_head(config, params, vocab_ids)
+    return config, jax.device_get(params), vocab_ids
+
+
+def _stage_settings(cfg: dict, stage: str) -> trainer.TrainSettings | None:
+    tcfg = cfg["train"]
+    shared = {k: v for k, v in tcfg.items() if k not in ("workdir", "pretrain", "finetune")}
+    merged = {"seed": cfg.get("seed", 0), **shared, **(tcfg.get(stage) or {})}
+    if not merged.get("steps"):
+        return None
+    return trainer.TrainSettings.from_dict(merged)
+
+
+def run_train(cfg: dict, speculative_fn: Callable | None = None,
+              generate_fn: Callable | None = None) -> Path:
+    """Pretrain (next-token on `data.pretrain`) then finetune (on the distilled data) the
+    drafter; each stage resumes from its own checkpoints. Returns the saved drafter's path."""
+    check_config(cfg)
+    sharding.init_distributed(cfg.get("distributed"))
+    target = load_target(cfg["target"])
+    workdir = Path(cfg["train"]["workdir"])
+    records = distill.read_distilled(cfg["distill"]["out_dir"])
+    config, params, vocab_ids = init_drafter(
+        cfg, target, [r["prompt_ids"] + r["response_ids"] for r in records])
+    pad, chat = target.config.pad_token_id, _chat(cfg, target)
+    eval_prompts = _prompts(cfg, "eval", target, generate_fn) if "eval" in cfg["data"] else []
+    common = dict(vocab_ids=vocab_ids, eval_prompts=eval_prompts, speculative_fn=speculative_fn,
+                  tokenizer=target.tokenizer, chat=chat, teacher=target)
+    eos = (target.config.eos_token_ids or (target.tokenizer.eos_token_id,))[0]
+
+    s = _stage_settings(cfg, "pretrain")
+    if s is not None:
+        texts = data.to_texts(data.load_source(cfg["data"]["pretrain"], target, generate_fn))
+        tokens, mask = data.pack(data.text_examples(target.tokenizer, texts, eos), s.seq_len, pad)
+        params = trainer.host_params(trainer.train(
+            s, config, params, data.Batches(tokens, mask, s.batch_size, s.seed),
+            workdir / "pretrain", **common))
+    s = _stage_settings(cfg, "finetune")
+    if s is not None:
+        tokens, mask = data.pack(data.distilled_examples(records), s.seq_len, pad)
+        params = trainer.host_params(trainer.train(
+            s, config, params, data.Batches(tokens, mask, s.batch_size, s.seed),
+            workdir / "finetune", **common))
+    return drafter_init.save_drafter(workdir / "drafter", config, params, target.tokenizer,
+                                     vocab_ids, extra={"target": str(cfg["target"])})

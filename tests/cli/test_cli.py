@@ -1,0 +1,218 @@
+"""The `jaxspec` command: help texts, `generate` and `bench` on a tiny random model saved as a
+jaxspec checkpoint, and the errors a user meets with `bench`."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxspec import cli
+
+SUBCOMMANDS = ("generate", "distill", "train", "bench", "report", "export", "demo")
+
+
+def jaxspec_cmd(*args, timeout=300) -> subprocess.CompletedProcess:
+    """The installed console script (its module as a fallback), on CPU."""
+    script = Path(sys.executable).parent / "jaxspec"
+    argv = [str(script)] if script.exists() else [sys.executable, "-m", "jaxspec.cli"]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONIOENCODING="utf-8")
+    return subprocess.run([*argv, *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+# --- help ----------------------------------------------------------------------------------
+
+def test_help_console_script():
+    p = jaxspec_cmd("--help", timeout=60)
+    assert p.returncode == 0, p.stderr
+    for name in SUBCOMMANDS:
+        assert name in p.stdout
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_subcommand_help(name, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([name, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: jaxspec {name}") and "--config" in out and "key=value" in out
+
+
+def test_no_subcommand_is_an_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main([])
+    assert e.value.code != 0
+
+
+# --- a tiny model --------------------------------------------------------------------------
+
+def tiny_tokenizer():
+    """A byte-level BPE without merges (<pad> <bos> <eos>, then the 256 bytes), made with the
+    `tokenizers` library and wrapped for transformers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<bos>", "<eos>"]
+    vocab = {t: i for i, t in enumerate(specials + sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.TemplateProcessing(single="<bos> $A",
+                                                       special_tokens=[("<bos>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>",
+                                   eos_token="<eos>")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    """A 2-layer random Llama with the byte tokenizer, saved by `checkpoints.store.save`."""
+    from jaxspec.checkpoints import store
+    from jaxspec.config import ModelConfig
+    from jaxspec.models.params import param_shapes
+
+    config = ModelConfig(arch="llama", vocab_size=264, hidden_size=32, num_layers=2, num_heads=4,
+                         num_kv_heads=2, head_dim=8, intermediate_size=64, max_position=256,
+                         bos_token_id=1, eos_token_ids=(2,), pad_token_id=0)
+    rng = np.random.default_rng(0)  # numpy init: no XLA compile for the random draws
+    params = {}
+
+    def init(path, shape):
+        return (np.ones(shape, np.float32) if path[-1].key.endswith("norm")
+                else rng.normal(0, 0.5, shape).astype(np.float32))
+
+    import jax
+    params = jax.tree.map_with_path(init, param_shapes(config),
+                                    is_leaf=lambda x: isinstance(x, tuple))
+    return store.save(tmp_path_factory.mktemp("model") / "tiny", params, config,
+                      tokenizer=tiny_tokenizer())
+
+
+def test_tiny_model_round_trips(tiny_model):
+    import jaxspec
+
+    m = jaxspec.load(tiny_model)
+    assert m.config.num_layers == 2 and m.tokenizer is not None
+    ids = m.tokenizer("ab ä").input_ids
+    assert ids[0] == 1 and len(ids) == 1 + 5  # <bos>, then one token a byte
+    assert m.tokenizer.decode(ids, skip_special_tokens=True) == "ab ä"
+
+
+def test_generate_prints_text(tiny_model, capsys):
+    cli.main(["generate", "--model", str(tiny_model), "--prompt", "Hallo Welt",
+              "--prompt", "Guten Tag", "--max-new-tokens", "8"])
+    out, err = capsys.readouterr()
+    lines = out.split("\n")
+    assert len(lines) == 3 and lines[2] == ""  # one text per prompt
+    assert "".join(lines).strip()  # random bytes, but some text
+    assert "tokens" in err and "tok/s" in err
+
+
+def test_generate_with_ngram_drafter_via_config(tiny_model, tmp_path, capsys):
+    """--config YAML and key=value overrides; flags win over both."""
+    (tmp_path / "gen.yaml").write_text(f"model: {tiny_model}\nmax_new_tokens: 4\n"
+                                       f"drafter: 'ngram:2'\ngamma: 2\n")
+    cli.main(["generate", "--config", str(tmp_path / "gen.yaml"), "--prompt", "abcabcabc",
+              "max_new_tokens=6"])
+    out, err = capsys.readouterr()
+    assert "tau" in err and out.strip()
+
+
+def test_generate_without_prompt_is_an_error(tiny_model):
+    with pytest.raises(SystemExit, match="--prompt"):
+        cli.main(["generate", "--model", str(tiny_model)])
+
+
+# --- bench ---------------------------------------------------------------------------------
+
+QUESTIONS = [
+    {"question_id": 1, "category": "translation", "turns": ["Translate: Guten Morgen"]},
+    {"question_id": 2, "category": "writing", "turns": ["Write a line about the sea."]},
+    {"question_id": "q3", "category": "rag", "turns": ["abc abc abc abc", "and again?"]},
+]
+
+
+@pytest.fixture
+def questions(tmp_path) -> Path:
+    path = tmp_path / "question.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    return path
+
+
+def test_bench_writes_answers_and_report(tiny_model, questions, tmp_path, capsys):
+    out_dir = tmp_path / "bench"
+    cli.main(["bench", "--questions", str(questions), "--target", str(tiny_model),
+              "--methods", "ar", "ngram:2", "layerskip:1", "--max-new-tokens", "8",
+              "--out-dir", str(out_dir)])
+    printed = capsys.readouterr().out
+    run_dir = out_dir / tiny_model.name
+    answers = {p.stem: p for p in run_dir.glob("*.jsonl")}
+    assert set(answers) == {"ar-t0", "ngram-2-g4-t0", "layerskip-1-g4-t0"}
+    from jaxspec.bench.questions import read_answers
+
+    for name, path in answers.items():
+        records = read_answers(path)
+        assert [r["question_id"] for r in records] == [1, 2, "q3"]
+        for r in records:
+            choice = r["choices"][0]
+            assert len(choice["turns"]) == len(choice["new_tokens"]) == \
+                len([q for q in QUESTIONS if q["question_id"] == r["question_id"]][0]["turns"])
+            assert all(0 <= n <= 8 for n in choice["new_tokens"])
+        if name == "ar-t0":
+            assert all(a == 1 for r in records for a in r["choices"][0]["accept_lengths"])
+    report = (run_dir / "report.md").read_text()
+    assert report.strip() and report.strip() in printed
+    for name in ("ngram", "layerskip"):
+        assert name in report
+    results = json.loads((out_dir / "results.json").read_text())
+    assert str(tiny_model) in results
+
+
+def bench_error(tiny_model, questions, *methods) -> subprocess.CompletedProcess:
+    p = jaxspec_cmd("bench", "--questions", questions, "--target", tiny_model, "--methods",
+                    *methods, "--max-new-tokens", "4", "--out-dir", questions.parent / "out")
+    assert p.returncode != 0
+    return p
+
+
+def test_bench_malformed_question_line_names_the_line(tiny_model, questions):
+    lines = questions.read_text().splitlines()
+    lines[1] = lines[1][:-1]  # line 2 loses its closing brace
+    questions.write_text("\n".join(lines) + "\n")
+    p = bench_error(tiny_model, questions, "ar")
+    assert f"{questions}:2:" in p.stderr and "invalid JSON" in p.stderr
+
+
+def test_bench_question_missing_field_names_the_line(tiny_model, questions):
+    questions.write_text(questions.read_text() + json.dumps({"question_id": 9}) + "\n")
+    p = bench_error(tiny_model, questions, "ar")
+    assert f"{questions}:4:" in p.stderr and "category" in p.stderr
+
+
+def test_bench_unknown_method(tiny_model, questions):
+    p = bench_error(tiny_model, questions, "ar", "medusa:3")
+    assert "unknown method 'medusa:3'" in p.stderr and "ngram" in p.stderr
+
+
+def test_bench_missing_drafter_path(tiny_model, questions, tmp_path):
+    missing = tmp_path / "no_such_drafter"
+    p = bench_error(tiny_model, questions, "ar", f"drafter:{missing}")
+    assert str(missing) in p.stderr and "does not exist" in p.stderr
+
+
+def test_bench_without_questions_or_target(tiny_model, questions):
+    with pytest.raises(SystemExit, match="--questions"):
+        cli.main(["bench", "--target", str(tiny_model), "--methods", "ar"])
+    with pytest.raises(SystemExit, match="target and methods"):
+        cli.main(["bench", "--questions", str(questions), "--methods", "ar"])
+
+
+@pytest.mark.parametrize("methods", [["ar", "medusa:3"], ["ar", "drafter:/no/such/dir"]])
+def test_bench_user_errors_need_no_traceback(tiny_model, questions, methods):
+    """A mistyped method or path is the user's error, not jaxspec's: one line, no traceback."""
+    p = bench_error(tiny_model, questions, *methods)
+    assert "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.startswith("jaxspec bench: ")

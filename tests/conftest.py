@@ -1,0 +1,28 @@
+"""Shared fixtures: the two real models, loaded once per test session."""
+
+import pytest
+
+try:
+    import torch
+except ModuleNotFoundError:  # torch is a test extra; only the parity tests need it
+    torch = None
+else:
+    # One intra-op thread: on a small shared CPU machine, PyTorch's spinning thread pool next to
+    # JAX's makes transformers' generate ~10x slower (measured on 2 cores).
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """jaxspec.load("smollm2-135m-instruct"): Llama family, GGUF Q4_1, float32 params."""
+    import jaxspec
+
+    return jaxspec.load("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def gemma3():
+    """jaxspec.load("gemma3-270m"): Gemma 3, GGUF Q4_K_M, float32 params."""
+    import jaxspec
+
+    return jaxspec.load("gemma3-270m")

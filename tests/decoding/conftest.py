@@ -1,0 +1,76 @@
+"""Tiny random models shared by the decoding tests.
+
+Weights use std 0.5 so the next-token distributions are peaked enough for greedy decoding to be
+free of near-ties. A "far" drafter is an independent random model (it rarely agrees with the
+target, so the rejection paths run); a "near" drafter is the target with noise added (it often
+agrees, so runs of accepted drafts and the bonus token run too).
+"""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec.models.params import init_params
+
+VOCAB = 64
+
+
+def tiny_config(**kw):
+    base = dict(arch="llama", vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,
+                num_kv_heads=2, head_dim=8, intermediate_size=64, max_position=512)
+    return jaxspec.ModelConfig(**{**base, **kw})
+
+
+def tiny_model(cfg, seed, name="t", std=0.5):
+    return jaxspec.Model(cfg, init_params(cfg, jax.random.key(seed), std=std), None, name)
+
+
+def _perturb(params, key, scale):
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(key, len(leaves))
+    noisy = [p + scale * jnp.std(p) * jax.random.normal(k, p.shape) if p.ndim > 1 else p
+             for p, k in zip(leaves, keys)]
+    return jax.tree.unflatten(treedef, noisy)
+
+
+def perturbed(model, seed, scale, name="near"):
+    """`model` with Gaussian noise of `scale` times each matrix's own std added."""
+    return jaxspec.Model(model.config, _perturb(model.params, jax.random.key(seed), scale), None,
+                         name)
+
+
+def subset_head_drafter(model, vocab_ids, seed=3, scale=0.3):
+    """A reduced-vocabulary drafter: a noisy copy of `model` whose untied head covers only
+    `vocab_ids` (head index -> token id), as `model_drafter` expects."""
+    vocab_ids = np.asarray(vocab_ids, np.int32)
+    cfg = model.config.replace(tie_embeddings=False, head_vocab_size=len(vocab_ids))
+    noisy = perturbed(model, seed, scale).params
+    head = noisy["lm_head"] if "lm_head" in noisy else noisy["embed"].T
+    params = {**noisy, "lm_head": head[:, vocab_ids]}
+    return jaxspec.model_drafter(jaxspec.Model(cfg, params, None, "subset"), vocab_ids)
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """The helpers above, for test modules (which cannot import conftest by name)."""
+    return types.SimpleNamespace(config=tiny_config, model=tiny_model, perturbed=perturbed,
+                                 subset_head_drafter=subset_head_drafter)
+
+
+@pytest.fixture(scope="session")
+def target():
+    return tiny_model(tiny_config(), 0, "target")
+
+
+@pytest.fixture(scope="session")
+def far_model():
+    return tiny_model(tiny_config(), 1, "draft")
+
+
+@pytest.fixture(scope="session")
+def near_model(target):
+    return perturbed(target, 2, 0.05, name="draft")
