@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def cmd_generate(args):
     drafter = o.get("drafter")
     if drafter:
         from jaxspec.bench.specbench import parse_layers
-        if drafter.startswith("ngram"):
+        if drafter == "ngram" or drafter.startswith("ngram:"):
             d = jaxspec.ngram_drafter(int(drafter.partition(":")[2] or 3))
         elif drafter.startswith("layerskip:"):
             d = jaxspec.layer_skip_drafter(model, parse_layers(drafter.partition(":")[2]))
@@ -201,7 +202,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = parser().parse_args(argv)
-    args.func(args)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
+        if os.environ.get("JAXSPEC_DEBUG"):
+            raise
+        raise SystemExit(f"jaxspec {args.command}: {e}") from None
 
 
 if __name__ == "__main__":

@@ -103,7 +103,8 @@ class ModelConfig:
 
 
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    """`["a.b=1", "c=x"]` -> `{"a": {"b": 1}, "c": "x"}`; values are parsed as YAML scalars."""
+    """`["a.b=1", "c=x"]` -> `{"a": {"b": 1}, "c": "x"}`; values are parsed as YAML where they
+    parse, else kept as text."""
     out: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
@@ -113,7 +114,10 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
         *parents, leaf = key.strip().split(".")
         for p in parents:
             node = node.setdefault(p, {})
-        node[leaf] = yaml.safe_load(value)
+        try:
+            node[leaf] = yaml.safe_load(value)
+        except yaml.YAMLError:  # e.g. a template such as "Q: {prompt}": keep the text
+            node[leaf] = value
     return out
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from jaxspec.checkpoints import gguf, hf, store
 from jaxspec.config import ModelConfig
 from jaxspec.models.cache import init_cache
+from jaxspec.models.params import check_params
 from jaxspec.models.transformer import forward
 
 
@@ -134,6 +135,9 @@ def load(name_or_path: str | os.PathLike, dtype=jnp.float32, cache: bool = True)
         tokenizer = store.load_tokenizer(path)
         if meta.get("vocab_ids") is not None:
             vocab_ids = np.asarray(meta["vocab_ids"], np.int32)
+        if meta.get("embed_from"):  # a drafter sharing its target's frozen embedding
+            params["embed"] = load(meta["embed_from"], dtype).params["embed"]
+            check_params(params, config)
     elif (path / "config.json").exists():
         from transformers import AutoTokenizer
 

@@ -16,14 +16,17 @@
 #                      `PYTHON -m jaxspec.cli`, which needs no script directory on PATH
 #   --no-install       skip `PYTHON -m pip install -e . "jax[tpu]"` on the workers
 #   --dry-run          print the gcloud command, run nothing
-#   SUBCOMMAND         a jaxspec subcommand (default: train); key=value overrides pass through.
+#   SUBCOMMAND         a jaxspec subcommand (default: train); what follows it (key=value
+#                      overrides, other jaxspec flags) passes through unchanged.
 #
 # The checkout must already be on each worker, e.g. once:
 #   gcloud compute tpus tpu-vm ssh NAME --zone ZONE --worker=all \
 #     --command="git clone https://github.com/jaxspec/jaxspec ~/jaxspec"
+# Checkpoints are written by all workers together: put train.workdir (and distill.out_dir) on
+# storage every worker mounts at the same path (NFS, Filestore, a gcsfuse mount).
 # Example:
 #   launch/tpu_pod.sh --name my-v5e-32 --zone us-west4-a --config configs/deen_gemma3.yaml \
-#     train.workdir=gs://my-bucket/deen/train
+#     train.workdir=/mnt/shared/deen/train distill.out_dir=/mnt/shared/deen/distill
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
@@ -53,11 +56,6 @@ subcommand=train
 case "${1:-}" in
   generate|distill|train|bench|report|export|demo) subcommand=$1; shift ;;
 esac
-for arg in "$@"; do
-  case "$arg" in
-    --config|--config=*) die "give --config before the subcommand's key=value overrides" ;;
-  esac
-done
 
 # The command each worker runs, quoted for the worker's shell. The repo dir is left unquoted so
 # a leading ~ expands there, not here.

@@ -69,7 +69,10 @@ def read_meta(path: str | os.PathLike) -> dict:
 
 
 def restore(path: str | os.PathLike, dtype=None, shardings=None):
-    """(config, params, meta). `shardings`: a pytree of `jax.sharding.Sharding` to restore onto."""
+    """(config, params, meta). `shardings`: a pytree of `jax.sharding.Sharding` to restore onto.
+
+    A drafter saved with `meta["embed_from"]` (a frozen copy of its target's embedding) comes
+    back without `params["embed"]`: `jaxspec.load` takes it from that target."""
     import orbax.checkpoint as ocp
 
     from jaxspec.models.params import param_shapes
@@ -78,8 +81,11 @@ def restore(path: str | os.PathLike, dtype=None, shardings=None):
     meta = read_meta(path)
     config = ModelConfig.from_dict(meta["config"])
     dtype_saved = meta.get("dtype", "float32")
+    shapes = param_shapes(config)
+    if meta.get("embed_from"):
+        del shapes["embed"]
     abstract = jax.tree.map(lambda shape: jax.ShapeDtypeStruct(shape, dtype_saved),
-                            param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
+                            shapes, is_leaf=lambda x: isinstance(x, tuple))
     if shardings is not None:
         abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                 abstract, shardings)
@@ -88,7 +94,8 @@ def restore(path: str | os.PathLike, dtype=None, shardings=None):
             params = ckptr.restore(path / "params", abstract)
         except Exception as e:
             raise ValueError(f"{path}: cannot restore params: {e}") from e
-    check_params(params, config)
+    if not meta.get("embed_from"):
+        check_params(params, config)
     if dtype is not None:
         params = jax.tree.map(lambda x: x.astype(dtype), params)
     return config, params, meta

@@ -121,7 +121,10 @@ class Decoder:
             raise ValueError(f"gamma must be >= 1 with a drafter, got {gamma}")
         ids = encode_prompts(target, prompts, chat)
         B = len(ids)
-        max_new = np.broadcast_to(np.asarray(max_new_tokens, np.int64), (B,))
+        max_new = np.asarray(max_new_tokens, np.int64)
+        if max_new.ndim > 1 or (max_new.ndim == 1 and len(max_new) != B):
+            raise ValueError(f"max_new_tokens has {max_new.size} entries for {B} prompts")
+        max_new = np.broadcast_to(max_new, (B,))
         if (max_new < 1).any():
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         vocab = target.config.vocab_size
@@ -135,8 +138,9 @@ class Decoder:
             raise ValueError(f"prompt ({lengths.max()} tokens) + max_new_tokens "
                              f"({max_new.max()}) + gamma + 1 = {need} exceeds the model's "
                              f"{target.config.max_position} positions")
-        prefill_len = min(_bucket(int(lengths.max()), _PROMPT_BUCKET_MIN), need)
         T = min(-(-need // _CACHE_BUCKET) * _CACHE_BUCKET, target.config.max_position)
+        # Capped by the cache (>= need), not by need itself, which varies call to call.
+        prefill_len = min(_bucket(int(lengths.max()), _PROMPT_BUCKET_MIN), T)
         Bp = _bucket(B, 1)
         tokens = np.full((Bp, T), target.config.pad_token_id, np.int32)
         for b, row in enumerate(ids):

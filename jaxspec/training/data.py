@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -130,8 +131,11 @@ def self_generated(model, language: str, num_texts: int, generate_fn: Callable |
                    for i in range(num_texts)]
     else:  # a base model continues a header in the language; sampling seeds give variety
         prompts = [NATIVE_SEEDS[language]] * num_texts
+    from tqdm.auto import tqdm
+
     records = []
-    for start in range(0, num_texts, batch_size):
+    for start in tqdm(range(0, num_texts, batch_size), desc=f"writing {lang} text", unit="batch",
+                      file=sys.stderr):
         out = generate_fn(model, prompts[start:start + batch_size], max_new_tokens=max_new_tokens,
                           temperature=temperature, seed=seed + start, chat=chat)
         for text in out.texts:

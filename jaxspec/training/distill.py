@@ -30,7 +30,7 @@ def block_seed(seed: int, t_idx: int, block: int) -> int:
     return int(np.random.SeedSequence([seed, t_idx, block]).generate_state(1)[0] >> 1)
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
@@ -48,7 +48,7 @@ def _check_manifest(out_dir: Path, manifest: dict) -> None:
             raise ValueError(f"{out_dir} holds a distillation with other settings ({diff}); "
                              f"use a new directory")
     else:
-        _write_atomic(path, json.dumps(manifest, indent=2))
+        write_atomic(path, json.dumps(manifest, indent=2))
 
 
 def distill(target, prompts: Sequence[str], out_dir: str | os.PathLike,
@@ -104,7 +104,7 @@ def distill(target, prompts: Sequence[str], out_dir: str | os.PathLike,
                 tokens += len(resp_ids)
             bar.update(end - start)
             bar.set_postfix(tok_per_s=f"{tokens / (time.perf_counter() - t0):.1f}")
-        _write_atomic(out_dir / shard_name(t_idx, block), "".join(lines))
+        write_atomic(out_dir / shard_name(t_idx, block), "".join(lines))
     bar.close()
     return out_dir
 

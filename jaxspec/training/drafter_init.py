@@ -69,11 +69,16 @@ def reduce_head(config: ModelConfig, params: dict,
 
 
 def save_drafter(path: str | os.PathLike, config: ModelConfig, params: dict, tokenizer=None,
-                 vocab_ids: np.ndarray | None = None, extra: dict | None = None) -> Path:
-    """A jaxspec checkpoint (loadable by `jaxspec.load`) holding the head's vocab ids."""
+                 vocab_ids: np.ndarray | None = None, extra: dict | None = None,
+                 embed_from: str | None = None) -> Path:
+    """A jaxspec checkpoint (loadable by `jaxspec.load`) holding the head's vocab ids.
+    `embed_from` (a model name or path) replaces a frozen copy of that model's embedding."""
     extra = dict(extra or {})
     if vocab_ids is not None:
         extra["vocab_ids"] = [int(i) for i in vocab_ids]
+    if embed_from is not None:  # the target's embedding, unchanged: store a reference
+        extra["embed_from"] = embed_from
+        params = {k: v for k, v in params.items() if k != "embed"}
     return store.save(path, params, config, tokenizer, extra=extra)
 
 

@@ -14,6 +14,7 @@ A stage runs when its `steps` > 0. The drafter is saved to `<workdir>/drafter`.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable
 
@@ -94,13 +95,31 @@ def _prompts(cfg: dict, key: str, target, generate_fn) -> list[str]:
     return prompts[:num] if num is not None else prompts
 
 
+def _cached_prompts(cfg: dict, target, generate_fn) -> list[str]:
+    """The distillation prompts, kept in `<distill.out_dir>/prompts.json` so a killed job does
+    not write its source text again (reused only for the same source spec and template)."""
+    path = Path(cfg["distill"]["out_dir"]) / "prompts.json"
+    key = {"source": cfg["data"]["prompts"], "template": cfg.get("template", "{prompt}"),
+           "seed": cfg.get("seed", 0)}
+    if path.exists():
+        cached = json.loads(path.read_text(encoding="utf-8"))
+        if cached["key"] == key:
+            return cached["prompts"]
+    prompts = _prompts(cfg, "prompts", target, generate_fn)
+    if jax.process_index() == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        distill.write_atomic(path, json.dumps({"key": key, "prompts": prompts},
+                                              ensure_ascii=False))
+    return prompts
+
+
 def run_distill(cfg: dict, generate_fn: Callable | None = None) -> Path:
     """Self-distillation of the `data.prompts` source by the target; returns the output dir."""
     check_config(cfg)
     sharding.init_distributed(cfg.get("distributed"))
     target = load_target(cfg["target"])
     dcfg = cfg["distill"]
-    prompts = _prompts(cfg, "prompts", target, generate_fn)
+    prompts = _cached_prompts(cfg, target, generate_fn)
     return distill.distill(target, prompts, dcfg["out_dir"], seed=cfg.get("seed", 0),
                            chat=_chat(cfg, target), generate_fn=generate_fn,
                            process_index=jax.process_index(), process_count=jax.process_count(),
@@ -168,5 +187,12 @@ def run_train(cfg: dict, speculative_fn: Callable | None = None,
         params = trainer.host_params(trainer.train(
             s, config, params, data.Batches(tokens, mask, s.batch_size, s.seed),
             workdir / "finetune", **common))
+    # A frozen embedding copied from a named target is stored as a reference to it.
+    stages = [st for st in (_stage_settings(cfg, "pretrain"), _stage_settings(cfg, "finetune"))
+              if st is not None]
+    frozen = all("embed" in st.freeze for st in stages)
+    embed_from = (cfg["target"] if frozen and isinstance(cfg["target"], str)
+                  and cfg.get("drafter", {}).get("init", "target") == "target" else None)
     return drafter_init.save_drafter(workdir / "drafter", config, params, target.tokenizer,
-                                     vocab_ids, extra={"target": str(cfg["target"])})
+                                     vocab_ids, extra={"target": str(cfg["target"])},
+                                     embed_from=embed_from)

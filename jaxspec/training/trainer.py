@@ -62,6 +62,7 @@ class TrainSettings:
     eval_gamma: int = 4
     eval_max_new_tokens: int = 32
     eval_temperature: float = 0.0
+    freeze: tuple[str, ...] = ()  # top-level params left as initialised, e.g. ("embed",)
 
     def __post_init__(self):
         loss_fn_by_name(self.loss)
@@ -83,6 +84,8 @@ class TrainSettings:
             d["mesh"] = (m.get("data", -1), m.get("fsdp", 1), m.get("tensor", 1))
         if "mesh" in d:
             d["mesh"] = tuple(int(x) for x in d["mesh"])
+        if "freeze" in d:
+            d["freeze"] = tuple(d["freeze"])
         return cls(**d)
 
     @property
@@ -90,14 +93,23 @@ class TrainSettings:
         return self.batch_size // self.grad_accum
 
 
+def _zero(names: tuple[str, ...]) -> optax.GradientTransformation:
+    """Zero the updates of these top-level params (before clipping, and after weight decay)."""
+    def update(updates, state, params=None):
+        return {k: jax.tree.map(jnp.zeros_like, v) if k in names else v
+                for k, v in updates.items()}, state
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def make_optimizer(s: TrainSettings) -> tuple[optax.GradientTransformation, optax.Schedule]:
     """AdamW over a warmup + cosine schedule, after global-norm clipping; no decay on vectors."""
     schedule = optax.warmup_cosine_decay_schedule(
         0.0, s.lr, s.warmup_steps, max(s.steps, s.warmup_steps + 1), s.lr * s.end_lr_ratio)
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731
-    opt = optax.chain(optax.clip_by_global_norm(s.clip_norm),
+    opt = optax.chain(_zero(s.freeze), optax.clip_by_global_norm(s.clip_norm),
                       optax.adamw(schedule, s.b1, s.b2, weight_decay=s.weight_decay,
-                                  mask=decay_mask))
+                                  mask=decay_mask),
+                      _zero(s.freeze))
     return opt, schedule
 
 

@@ -18,7 +18,7 @@ PROMPTS = {
     "fr": "La capitale de la France est Paris. Le plus long fleuve de France est",
     "ja": "日本の首都は東京です。日本で一番高い山は",
     "ru": "Столица России — Москва. Самая длинная река в Европе —",
-    "zh": "中国的首都是北京。中国最长的河流是",
+    "zh": "中国的首都是北京。中国人口最多的城市是",
 }
 NEW_TOKENS = 32
 LOGIT_TOL = 1e-2
@@ -83,7 +83,8 @@ def test_tokenizer_ids_match_transformers(pair, lang):
     if tok.chat_template:
         chat = [{"role": "user", "content": text}]
         kw = dict(add_generation_prompt=True, tokenize=True, return_dict=False)
-        assert model.tokenizer.apply_chat_template(chat, **kw) == tok.apply_chat_template(chat, **kw)
+        ours = model.tokenizer.apply_chat_template(chat, **kw)
+        assert ours == tok.apply_chat_template(chat, **kw)
 
 
 def test_score_matches_transformers(pair, reference):

@@ -171,35 +171,59 @@ def test_bench_writes_answers_and_report(tiny_model, questions, tmp_path, capsys
     assert str(tiny_model) in results
 
 
-def bench_error(tiny_model, questions, *methods) -> subprocess.CompletedProcess:
-    p = jaxspec_cmd("bench", "--questions", questions, "--target", tiny_model, "--methods",
-                    *methods, "--max-new-tokens", "4", "--out-dir", questions.parent / "out")
-    assert p.returncode != 0
-    return p
+# Each bad input, run once as a subprocess (the exit status and stderr a user sees); the tests
+# below read the same results.
+BAD_INPUTS = {
+    "malformed line": ("line 2 loses its closing brace", ["ar"]),
+    "missing field": ("a 4th line without category and turns", ["ar"]),
+    "unknown method": (None, ["ar", "medusa:3"]),
+    "missing drafter": (None, ["ar", "drafter:{tmp}/no_such_drafter"]),
+}
 
 
-def test_bench_malformed_question_line_names_the_line(tiny_model, questions):
-    lines = questions.read_text().splitlines()
-    lines[1] = lines[1][:-1]  # line 2 loses its closing brace
-    questions.write_text("\n".join(lines) + "\n")
-    p = bench_error(tiny_model, questions, "ar")
+@pytest.fixture(scope="module")
+def bench_failures(tiny_model, tmp_path_factory):
+    """{case: (question file, CompletedProcess)}, each case run on first use."""
+    results = {}
+
+    def get(case):
+        if case not in results:
+            tmp = tmp_path_factory.mktemp("bad_input")
+            lines = [json.dumps(q) for q in QUESTIONS]
+            if case == "malformed line":
+                lines[1] = lines[1][:-1]
+            elif case == "missing field":
+                lines.append(json.dumps({"question_id": 9}))
+            questions = tmp / "question.jsonl"
+            questions.write_text("\n".join(lines) + "\n")
+            methods = [m.format(tmp=tmp) for m in BAD_INPUTS[case][1]]
+            p = jaxspec_cmd("bench", "--questions", questions, "--target", tiny_model,
+                            "--methods", *methods, "--max-new-tokens", "4", "--out-dir",
+                            tmp / "out")
+            assert p.returncode != 0, f"{case}: jaxspec bench exited 0"
+            results[case] = questions, p
+        return results[case]
+    return get
+
+
+def test_bench_malformed_question_line_names_the_line(bench_failures):
+    questions, p = bench_failures("malformed line")
     assert f"{questions}:2:" in p.stderr and "invalid JSON" in p.stderr
 
 
-def test_bench_question_missing_field_names_the_line(tiny_model, questions):
-    questions.write_text(questions.read_text() + json.dumps({"question_id": 9}) + "\n")
-    p = bench_error(tiny_model, questions, "ar")
+def test_bench_question_missing_field_names_the_line(bench_failures):
+    questions, p = bench_failures("missing field")
     assert f"{questions}:4:" in p.stderr and "category" in p.stderr
 
 
-def test_bench_unknown_method(tiny_model, questions):
-    p = bench_error(tiny_model, questions, "ar", "medusa:3")
+def test_bench_unknown_method(bench_failures):
+    _, p = bench_failures("unknown method")
     assert "unknown method 'medusa:3'" in p.stderr and "ngram" in p.stderr
 
 
-def test_bench_missing_drafter_path(tiny_model, questions, tmp_path):
-    missing = tmp_path / "no_such_drafter"
-    p = bench_error(tiny_model, questions, "ar", f"drafter:{missing}")
+def test_bench_missing_drafter_path(bench_failures):
+    questions, p = bench_failures("missing drafter")
+    missing = questions.parent / "no_such_drafter"
     assert str(missing) in p.stderr and "does not exist" in p.stderr
 
 
@@ -210,9 +234,10 @@ def test_bench_without_questions_or_target(tiny_model, questions):
         cli.main(["bench", "--questions", str(questions), "--methods", "ar"])
 
 
-@pytest.mark.parametrize("methods", [["ar", "medusa:3"], ["ar", "drafter:/no/such/dir"]])
-def test_bench_user_errors_need_no_traceback(tiny_model, questions, methods):
-    """A mistyped method or path is the user's error, not jaxspec's: one line, no traceback."""
-    p = bench_error(tiny_model, questions, *methods)
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bench_user_errors_need_no_traceback(bench_failures, case):
+    """A malformed file, a mistyped method or path is the user's error, not jaxspec's: one
+    line naming the subcommand and the problem, no traceback."""
+    _, p = bench_failures(case)
     assert "Traceback" not in p.stderr, p.stderr
-    assert p.stderr.startswith("jaxspec bench: ")
+    assert p.stderr.startswith("jaxspec bench: ") and len(p.stderr.strip().splitlines()) == 1

@@ -74,3 +74,16 @@ def far_model():
 @pytest.fixture(scope="session")
 def near_model(target):
     return perturbed(target, 2, 0.05, name="draft")
+
+
+@pytest.fixture(scope="session")
+def small_target():
+    """An 8-token vocabulary, flatter (std 0.35), for distribution tests; max_position 16 keeps
+    the cache short, so 8192 rows decode in about a second."""
+    return tiny_model(tiny_config(vocab_size=8, max_position=16), 20, "target", std=0.35)
+
+
+@pytest.fixture(scope="session")
+def small_drafter(small_target):
+    """A noisy copy: it agrees with `small_target` on roughly a third of the mass."""
+    return perturbed(small_target, 22, 0.5, name="draft")

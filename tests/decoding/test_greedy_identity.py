@@ -115,24 +115,21 @@ def test_gemma3_sliding_window_matches_generate(tiny):
     prompts = [[4, 8, 15, 16, 23, 42, 4, 8, 15, 16, 23], [9, 1]]
     ref = jaxspec.generate(target, prompts, max_new_tokens=[20, 27])
     assert [len(t) for t in ref.token_ids] == [20, 27]
-    for drafter in (tiny.perturbed(target, 11, 0.05), jaxspec.layer_skip_drafter(target, [2]),
-                    jaxspec.ngram_drafter(2)):
+    for drafter in (tiny.perturbed(target, 11, 0.05), jaxspec.layer_skip_drafter(target, [2])):
         res = jaxspec.speculative_generate(target, drafter, prompts, gamma=3,
                                            max_new_tokens=[20, 27])
         assert res.token_ids == ref.token_ids, getattr(drafter, "name", "model")
         _check_stats(res, 3)
 
 
-@pytest.fixture(scope="module")
-def smollm():
-    return jaxspec.load("smollm2-135m-instruct")
-
-
 CHAT = ["Translate to French: The cat sleeps on the warm windowsill.",
         "Translate to German: I would like a cup of coffee, please."]
 
 
-def test_smollm2_chat_matches_generate(smollm):
+def test_smollm2_chat_matches_generate(smollm2):
+    """A real model (the session fixture `smollm2` from tests/conftest.py), chat-templated
+    translation prompts; row 0 ends at eos before its budget."""
+    smollm = smollm2
     ref = jaxspec.generate(smollm, CHAT, max_new_tokens=16, chat=True)
     assert all(len(t) >= 8 for t in ref.token_ids)
     for drafter in (jaxspec.ngram_drafter(3), jaxspec.layer_skip_drafter(smollm, [20, 23, 26])):

@@ -15,10 +15,10 @@ ROOT = Path(__file__).resolve().parents[2]
 LAUNCH = ROOT / "launch"
 
 
-def run(*argv, env=None, timeout=60, check=True) -> subprocess.CompletedProcess:
+def run(*argv, env=None, timeout=60, check=True, cwd=ROOT) -> subprocess.CompletedProcess:
     env = {**os.environ, **(env or {})}
     p = subprocess.run(["bash", *map(str, argv)], capture_output=True, text=True, env=env,
-                       timeout=timeout, cwd=ROOT)
+                       timeout=timeout, cwd=cwd)
     if check:
         assert p.returncode == 0, f"{argv} failed ({p.returncode}):\n{p.stdout}\n{p.stderr}"
     return p
@@ -145,11 +145,13 @@ def jaxspec_env() -> dict:
 
 def test_local_two_processes_run_the_tiny_recipe(tmp_path):
     """configs/tiny.yaml with its prompts from a small text file (the selfgen sources cost a
-    compile each): distill split over 2 processes, then 2 training steps as one 2-process job."""
+    compile each) and no pretraining stage: distill split over 2 processes, then 2 finetuning
+    steps as one 2-process job."""
     cfg = yaml.safe_load((ROOT / "configs" / "tiny.yaml").read_text())
     (tmp_path / "prompts.txt").write_text(
         "".join(f"Das ist der kurze Satz Nummer {i}.\n" for i in range(8)))
     cfg["data"] = {"prompts": {"type": "text", "path": str(tmp_path / "prompts.txt")}}
+    cfg["train"]["pretrain"]["steps"] = 0  # no data.pretrain: finetuning on the distilled data
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(cfg))
     distilled, workdir = tmp_path / "distill", tmp_path / "train"
     common = ["--config", tmp_path / "tiny.yaml", f"distill.out_dir={distilled}"]
@@ -157,15 +159,14 @@ def test_local_two_processes_run_the_tiny_recipe(tmp_path):
 
     run(LAUNCH / "local_multiprocess.sh", "-n", "2", "--log-dir", tmp_path / "logs_distill",
         "distill", *common, "distill.temperatures=[0.0]", "distill.block_size=4",
-        "distill.max_new_tokens=8", env=env, timeout=600)
+        "distill.max_new_tokens=8", env=env, timeout=600, cwd=tmp_path)
     shards = sorted(distilled.glob("t0-b*.jsonl"))
     assert [s.name for s in shards] == ["t0-b000000.jsonl", "t0-b000001.jsonl"]  # one each
     assert sum(len(s.read_text().splitlines()) for s in shards) == 8
 
     run(LAUNCH / "local_multiprocess.sh", "-n", "2", "--log-dir", tmp_path / "logs_train",
-        "train", *common, f"train.workdir={workdir}", "train.pretrain.steps=0",
-        "train.finetune.steps=2", "train.finetune.loss=ce", "train.seq_len=16",
-        "train.eval_every=0", "train.save_every=1", env=env, timeout=600)
+        "train", *common, f"train.workdir={workdir}", "train.finetune.steps=2", "train.finetune.loss=ce", "train.seq_len=16",
+        "train.eval_every=0", "train.save_every=1", env=env, timeout=600, cwd=tmp_path)
     for i in range(2):
         assert "Traceback" not in (tmp_path / "logs_train" / f"process_{i}.log").read_text()
     metrics = [json.loads(ln) for ln in

@@ -63,3 +63,47 @@ def test_tiny_recipe_end_to_end_and_resume(tmp_path):
     # A rerun finds both stages finished and saves the same drafter.
     again = jaxspec.load(recipe.run_train(cfg))
     np.testing.assert_array_equal(again.params["lm_head"], drafter.params["lm_head"])
+
+
+def test_distill_rerun_reuses_its_prompts_and_template(tmp_path):
+    calls = []
+    real = jaxspec.generate
+
+    def counting(*args, **kw):
+        calls.append(1)
+        return real(*args, **kw)
+
+    overrides = [f"distill.out_dir={tmp_path / 'distill'}", "template=Q: {prompt} A:"]
+    cfg = load_yaml(CONFIGS / "tiny.yaml", overrides)
+    out = recipe.run_distill(cfg, generate_fn=counting)
+    first = len(calls)
+    cached = json.loads((out / "prompts.json").read_text())["prompts"]
+    assert cached and all(p.startswith("Q: Translate German to English:") and p.endswith(" A:")
+                          for p in cached)
+    # Every shard exists and the source text is cached: a rerun generates nothing.
+    recipe.run_distill(cfg, generate_fn=counting)
+    assert len(calls) == first
+    # A different template is a different prompt set: not served from the cache.
+    changed = load_yaml(CONFIGS / "tiny.yaml", [*overrides, "template={prompt} =>"])
+    assert recipe._cached_prompts(changed, recipe.load_target(cfg["target"]), counting)[0] \
+        .endswith(" =>")
+
+
+def test_frozen_embedding_is_stored_as_a_reference_to_the_target(tmp_path):
+    from jaxspec.checkpoints import store
+
+    tiny = load_yaml(CONFIGS / "tiny.yaml")
+    target = recipe.load_target(tiny["target"])
+    store.save(tmp_path / "target", target.params, target.config, target.tokenizer)
+    cfg = load_yaml(CONFIGS / "tiny.yaml", [
+        f"target={tmp_path / 'target'}", f"distill.out_dir={tmp_path / 'distill'}",
+        f"train.workdir={tmp_path / 'train'}", "train.freeze=[embed]", "train.pretrain.steps=0"])
+    recipe.run_distill(cfg)
+    path = recipe.run_train(cfg)
+    assert store.read_meta(path)["embed_from"] == str(tmp_path / "target")
+    drafter = jaxspec.load(path)
+    np.testing.assert_array_equal(drafter.params["embed"], target.params["embed"])
+    assert not np.array_equal(drafter.params["layers"]["wq"], target.params["layers"]["wq"][:1])
+    # The checkpoint holds no embedding of its own.
+    stored = sum(f.stat().st_size for f in (path / "params").rglob("*") if f.is_file())
+    assert stored < np.asarray(target.params["embed"]).nbytes + 200_000

@@ -1,0 +1,132 @@
+"""The paper's scaling figure: tau and speedup of a drafter against its finetuning tokens.
+
+Evaluates the drafter at step 0 (initialised, before finetuning) and at every saved finetuning
+checkpoint of a recipe, on the first `limit` benchmark questions, and plots both on a log axis.
+
+    python -m jaxspec.bench.scaling --config configs/deen_gemma3_cpu.yaml \
+        --questions ../shared/data/specbench/deen_question.jsonl --limit 20 --out runs/scaling
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+
+def drafter_at(cfg: dict, target, step: int):
+    """The recipe's drafter after `step` finetuning steps (0: as initialised)."""
+    import orbax.checkpoint as ocp
+
+    from jaxspec.loading import Model, load
+    from jaxspec.training import drafter_init
+
+    saved = load(Path(cfg["train"]["workdir"]) / "drafter")
+    if step == 0:
+        config, params = drafter_init.from_target(
+            target.config, target.params, int(cfg["drafter"].get("num_layers", 1)))
+        if saved.vocab_ids is not None:
+            config, params = drafter_init.reduce_head(config, params, saved.vocab_ids)
+        return Model(config, params, target.tokenizer, "step0", saved.vocab_ids)
+    ckpts = Path(cfg["train"]["workdir"]).absolute() / "finetune" / "checkpoints"
+    with ocp.CheckpointManager(ckpts) as mngr:
+        state = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    params = state["state"]["params"]
+    return Model(saved.config, params, target.tokenizer, f"step{step}", saved.vocab_ids)
+
+
+def finetune_steps(cfg: dict) -> list[int]:
+    import orbax.checkpoint as ocp
+
+    ckpts = Path(cfg["train"]["workdir"]).absolute() / "finetune" / "checkpoints"
+    with ocp.CheckpointManager(ckpts) as mngr:
+        return sorted(mngr.all_steps())
+
+
+def measure(cfg: dict, questions: str, limit: int, gamma: int, max_new_tokens: int,
+            steps: list[int] | None = None) -> list[dict]:
+    import jaxspec
+    from jaxspec.bench.questions import read_questions
+
+    target = jaxspec.load(cfg["target"])
+    template = cfg.get("template", "{prompt}")
+    stop = cfg["distill"].get("stop")
+    prompts = [template.format(prompt=q["turns"][0]) for q in read_questions(questions)[:limit]]
+    base = [jaxspec.generate(target, [p], max_new_tokens=max_new_tokens, stop=stop)
+            for p in prompts]
+    base_speed = np.mean([r.tokens_per_s for r in base])
+    per_step = cfg["train"]["batch_size"] * cfg["train"]["seq_len"]
+    rows = []
+    for step in [0, *(steps or finetune_steps(cfg))]:
+        drafter = jaxspec.model_drafter(drafter_at(cfg, target, step))
+        outs = [jaxspec.speculative_generate(target, drafter, [p], gamma=gamma,
+                                             max_new_tokens=max_new_tokens, stop=stop)
+                for p in prompts]
+        rows.append({
+            "step": step, "finetune_tokens": step * per_step,
+            "tau": float(np.mean([a for r in outs for a in r.accept_lengths[0]])),
+            "speedup": float(np.mean([r.tokens_per_s for r in outs]) / base_speed),
+            "identical": all(r.token_ids == b.token_ids for r, b in zip(outs, base))})
+        print(json.dumps(rows[-1]), file=sys.stderr)
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    rows = [r for r in rows if r["finetune_tokens"] > 0]
+    fig = Figure(figsize=(8, 3.5))
+    FigureCanvasAgg(fig)
+    x = [r["finetune_tokens"] for r in rows]
+    for i, key in enumerate(("speedup", "tau")):
+        ax = fig.add_subplot(1, 2, i + 1)
+        ax.plot(x, [r[key] for r in rows], marker="o")
+        ax.set_xscale("log")
+        ax.set_xlabel("finetuning tokens")
+        ax.set_ylabel(key)
+        ax.grid(True, alpha=0.3)
+    fig.suptitle("Specialised drafter vs finetuning tokens")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    from jaxspec.config import load_yaml
+
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", required=True, help="the recipe YAML that trained the drafter")
+    p.add_argument("--questions", required=True)
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--gamma", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--steps", type=int, nargs="*", help="checkpoints to use (default: all)")
+    p.add_argument("--out", default="runs/scaling")
+    p.add_argument("--export", nargs=2, metavar=("STEP", "DIR"),
+                   help="only save the drafter at STEP (0: before finetuning) to DIR")
+    p.add_argument("overrides", nargs="*", metavar="key=value")
+    a = p.parse_args(argv)
+    cfg = load_yaml(a.config, a.overrides)
+    if a.export:
+        import jaxspec
+        from jaxspec.training.drafter_init import save_drafter
+
+        target = jaxspec.load(cfg["target"])
+        d = drafter_at(cfg, target, int(a.export[0]))
+        save_drafter(a.export[1], d.config, d.params, target.tokenizer, d.vocab_ids)
+        print(f"wrote {a.export[1]}")
+        return
+    rows = measure(cfg, a.questions, a.limit, a.gamma, a.max_new_tokens, a.steps)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scaling.json").write_text(json.dumps(rows, indent=2))
+    plot(rows, out / "scaling.png")
+    print(f"wrote {out / 'scaling.json'} and {out / 'scaling.png'}")
+
+
+if __name__ == "__main__":
+    main()
