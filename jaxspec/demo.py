@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from jaxspec.loading import DRAFTERS_DIR
+
 # One-shot prompts: Gemma 3 270M is a base model, so an example sets the format.
 EXAMPLES = {
     "German": ("Ich trinke jeden Morgen einen Kaffee.", "I drink a coffee every morning."),
@@ -24,7 +26,7 @@ SENTENCES = {
 TEMPLATE = "Translate {lang} to English.\n{lang}: {src_ex}\nEnglish: {tgt_ex}\n{lang}: {src}\nEnglish:"
 
 # A drafter trained by jaxspec's recipe, shipped in the repository when present.
-TRAINED_DRAFTER = Path(__file__).resolve().parent.parent / "drafters" / "gemma3-270m-deen"
+TRAINED_DRAFTER = DRAFTERS_DIR / "gemma3-270m-deen"
 
 
 def prompt(lang: str, sentence: str) -> str:

@@ -58,10 +58,22 @@ def _gemma3_path() -> Path:
     return pkg.assemble(out)
 
 
+DRAFTERS_DIR = Path(__file__).resolve().parent.parent / "drafters"
+
+
+def _deen_drafter_path() -> Path:
+    path = DRAFTERS_DIR / "gemma3-270m-deen"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: train it with the commands in the README "
+                                f"(configs/deen_gemma3_cpu.yaml)")
+    return path
+
+
 # Registered names -> a function returning a local path (GGUF file or checkpoint directory).
 REGISTRY: dict[str, Callable[[], Path]] = {
     "smollm2-135m-instruct": _smollm2_path,
     "gemma3-270m": _gemma3_path,
+    "gemma3-270m-deen-drafter": _deen_drafter_path,
 }
 
 

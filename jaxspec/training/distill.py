@@ -88,9 +88,9 @@ def distill(target, prompts: Sequence[str], out_dir: str | os.PathLike,
     for t_idx, block in todo:
         temperature = float(temperatures[t_idx])
         lines = []
-        stop = min((block + 1) * block_size, len(prompts))
-        for start in range(block * block_size, stop, batch_size):
-            end = min(start + batch_size, stop)
+        block_end = min((block + 1) * block_size, len(prompts))
+        for start in range(block * block_size, block_end, batch_size):
+            end = min(start + batch_size, block_end)
             out = generate_fn(target, prompt_ids[start:end], max_new_tokens=max_new_tokens,
                               temperature=temperature, top_k=top_k, top_p=top_p,
                               seed=block_seed(seed, t_idx, block) + start, stop=stop,

@@ -66,6 +66,8 @@ def target():
     return tiny_model(tiny_config(), 0, "target")
 
 
+# far_model and near_model share a name (a static part of the drafter pytree), config and shapes,
+# so one compiled decode function serves both.
 @pytest.fixture(scope="session")
 def far_model():
     return tiny_model(tiny_config(), 1, "draft")

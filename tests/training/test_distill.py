@@ -106,3 +106,18 @@ def test_real_generate_on_a_tiny_model_resumes_exactly(tmp_path):
     greedy = jaxspec.generate(target, prompts, max_new_tokens=5)
     assert [r["response_ids"] for r in records[:3]] == greedy.token_ids
     assert json.loads((tmp_path / "manifest.json").read_text())["temperatures"] == [0.0, 1.0]
+
+
+def test_stop_token_ends_each_response(tmp_path):
+    config = ModelConfig(arch="llama", vocab_size=264, hidden_size=32, num_layers=1, num_heads=4,
+                         num_kv_heads=2, head_dim=8, intermediate_size=64, max_position=128,
+                         eos_token_ids=(2,))
+    target = Model(config, init_params(config, jax.random.key(0)), data.byte_tokenizer())
+    prompts = ["Translate German to English:Hallo.", "Translate German to English:Danke."]
+    free = jaxspec.generate(target, prompts, max_new_tokens=12)
+    stop_id = free.token_ids[0][3]  # a token the first row emits: it must end there
+    stop = target.tokenizer.decode([stop_id])
+    distill.distill(target, prompts, tmp_path, temperatures=(0.0,), max_new_tokens=12,
+                    block_size=2, batch_size=2, stop=stop)
+    first = distill.read_distilled(tmp_path)[0]["response_ids"]
+    assert first == free.token_ids[0][:free.token_ids[0].index(stop_id) + 1]
