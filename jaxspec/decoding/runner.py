@@ -65,7 +65,10 @@ def encode_prompts(model, prompts, chat: bool) -> list[list[int]]:
             else:
                 ids = tok(p).input_ids
         else:
-            ids = [int(t) for t in np.asarray(p).reshape(-1)]
+            arr = np.asarray(p)
+            if arr.size and not np.issubdtype(arr.dtype, np.integer):
+                raise ValueError(f"token id prompts must be integers, got {arr.dtype}")
+            ids = [int(t) for t in arr.reshape(-1)]
         if not ids:
             raise ValueError("empty prompt")
         out.append(list(ids))
@@ -89,13 +92,22 @@ def _stop_ids(model, stop) -> tuple[int, ...]:
     return tuple(sorted(ids))
 
 
+def _check_tokenizers(target, drafter_model) -> None:
+    """A drafter model with its own tokenizer must share the target's vocabulary."""
+    t, d = target.tokenizer, getattr(drafter_model, "tokenizer", None)
+    if t is None or d is None:
+        return
+    probe = sorted({0, 1, 2, len(t) // 2, len(t) - 1})
+    if len(t) != len(d) or t.convert_ids_to_tokens(probe) != d.convert_ids_to_tokens(probe):
+        raise ValueError(f"the drafter's tokenizer ({len(d)} tokens) differs from the target's "
+                         f"({len(t)} tokens): its drafts would mean other tokens")
+
+
 def _check_vocab(target, drafter: Drafter):
     spec = drafter.spec
     if not isinstance(spec, ModelSpec) or spec.layers is not None:
         return
     tv, dv = target.config.vocab_size, spec.config.vocab_size
-    t_tok = target.tokenizer
-    d_tok = getattr(drafter, "tokenizer", None)
     if spec.subset_vocab:
         ids = np.asarray(drafter.params["vocab_ids"])
         if ids.min() < 0 or ids.max() >= tv:
@@ -104,8 +116,8 @@ def _check_vocab(target, drafter: Drafter):
     if tv == dv:
         return
     # Heads that differ only by padding past the tokenizer's real vocabulary are accepted.
-    real = len(t_tok) if t_tok is not None else None
-    if real is None or (d_tok is not None and len(d_tok) != real) or min(tv, dv) < real:
+    real = len(target.tokenizer) if target.tokenizer is not None else None
+    if real is None or min(tv, dv) < real:
         raise ValueError(f"drafter vocabulary ({dv}) does not match the target's ({tv})")
 
 
@@ -117,11 +129,15 @@ class Decoder:
 
     def __call__(self, target, drafter, prompts, *, gamma, max_new_tokens, sampling, seed, stop,
                  chat) -> GenerationResult:
+        if not isinstance(gamma, (int, np.integer)) or isinstance(gamma, bool):
+            raise ValueError(f"gamma must be an int, got {gamma!r}")
         if gamma < 0 or (drafter is not None and gamma < 1):
             raise ValueError(f"gamma must be >= 1 with a drafter, got {gamma}")
         ids = encode_prompts(target, prompts, chat)
         B = len(ids)
-        max_new = np.asarray(max_new_tokens, np.int64)
+        max_new = np.asarray(max_new_tokens)
+        if not np.issubdtype(max_new.dtype, np.integer):
+            raise ValueError(f"max_new_tokens must be ints, got {max_new_tokens!r}")
         if max_new.ndim > 1 or (max_new.ndim == 1 and len(max_new) != B):
             raise ValueError(f"max_new_tokens has {max_new.size} entries for {B} prompts")
         max_new = np.broadcast_to(max_new, (B,))
@@ -149,6 +165,7 @@ class Decoder:
         max_new_p = np.concatenate([max_new, np.zeros(Bp - B, np.int64)]).astype(np.int32)
 
         if drafter is not None:
+            _check_tokenizers(target, drafter)
             drafter = as_drafter(drafter)
             _check_vocab(target, drafter)
         statics = dict(config=target.config, prefill_len=prefill_len, gamma=gamma,

@@ -114,3 +114,31 @@ def test_empty_prompts(target):
 def test_strings_without_tokenizer(target):
     with pytest.raises(ValueError, match="string prompts need a model with a tokenizer"):
         jaxspec.generate(target, "hello", max_new_tokens=4)
+
+
+
+def test_drafter_with_another_tokenizer_is_refused(target, far_model):
+    import dataclasses
+
+    from jaxspec.training.data import byte_tokenizer
+
+    other = byte_tokenizer()
+    other.add_tokens(["<extra>"])
+    t = dataclasses.replace(target, tokenizer=byte_tokenizer())
+    d = dataclasses.replace(far_model, tokenizer=other)
+    with pytest.raises(ValueError, match="drafter's tokenizer"):
+        jaxspec.speculative_generate(t, d, [[1, 2, 3]], gamma=2, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"gamma": 2.0}, "gamma must be an int"),
+    ({"max_new_tokens": 2.5}, "max_new_tokens must be ints"),
+])
+def test_non_integer_settings_are_refused(target, far_model, kw, match):
+    with pytest.raises(ValueError, match=match):
+        jaxspec.speculative_generate(target, far_model, [[1, 2, 3]], **{"gamma": 2, **kw})
+
+
+def test_float_token_ids_are_refused(target):
+    with pytest.raises(ValueError, match="must be integers"):
+        jaxspec.generate(target, [[1.5, 2.0]], max_new_tokens=2)
