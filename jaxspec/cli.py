@@ -185,7 +185,7 @@ def parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="translate 5 languages to English with speculative decoding")
     d.add_argument("--target")
-    d.add_argument("--drafter", help="drafter path (default: the shipped one, else n-gram)")
+    d.add_argument("--drafter", help="a trained drafter (name or path); default: n-gram lookup")
     d.add_argument("--gamma", type=int)
     d.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     d.set_defaults(func=cmd_demo)

@@ -58,14 +58,12 @@ def _gemma3_path() -> Path:
     return pkg.assemble(out)
 
 
-DRAFTERS_DIR = Path(__file__).resolve().parent.parent / "drafters"
-
-
 def _deen_drafter_path() -> Path:
-    path = DRAFTERS_DIR / "gemma3-270m-deen"
+    """Where `jaxspec train --config configs/deen_gemma3_cpu.yaml` saves its drafter."""
+    path = Path(__file__).resolve().parent.parent / "runs" / "deen_gemma3_cpu" / "train" / "drafter"
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: train it with the commands in the README "
-                                f"(configs/deen_gemma3_cpu.yaml)")
+        raise FileNotFoundError(f"{path} is missing: train it with `jaxspec distill` and "
+                                f"`jaxspec train --config configs/deen_gemma3_cpu.yaml` (README)")
     return path
 
 
