@@ -57,6 +57,7 @@ def cmd_generate(args):
 
 def cmd_bench(args):
     from jaxspec.bench import specbench
+    from jaxspec.bench.questions import read_references
     from jaxspec.bench.report import report
 
     o = _options(args, {"questions": None, "out_dir": "runs/bench", "max_new_tokens": 64,
@@ -81,7 +82,8 @@ def cmd_bench(args):
             seed=run["seed"])
         baseline = next(m.name for m in methods if m.kind == "ar" and m.temperature ==
                         run["temperatures"][0])
-        results[run["target"]] = report(files, baseline, out)
+        refs = read_references(run["references"]) if run.get("references") else None
+        results[run["target"]] = report(files, baseline, out, refs)
         print((out / "report.md").read_text())
     Path(o["out_dir"]).mkdir(parents=True, exist_ok=True)
     (Path(o["out_dir"]) / "results.json").write_text(json.dumps(results, indent=2))
@@ -169,6 +171,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--chat", action="store_true", default=None, help="apply the chat template")
     b.add_argument("--limit", type=int, help="only the first N questions")
     b.add_argument("--out-dir", dest="out_dir", help="where answers and reports go")
+    b.add_argument("--references", help="JSONL of {question_id, reference}: adds chrF/BLEU")
     b.set_defaults(func=cmd_bench)
 
     r = sub.add_parser("report", help="speedup and tau from model_answer files")

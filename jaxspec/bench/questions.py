@@ -218,3 +218,20 @@ def append_answer(path: PathLike, record: dict) -> None:
         f.write(line)
         f.flush()
         os.fsync(f.fileno())
+
+
+def read_references(path: PathLike) -> dict[Any, str]:
+    """Reference translations: JSONL lines `{"question_id": ..., "reference": "..."}`."""
+    refs: dict[Any, str] = {}
+    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{lineno}: invalid JSON ({err.msg})") from err
+        if not isinstance(obj, dict) or not _is_id(obj.get("question_id")) \
+                or not isinstance(obj.get("reference"), str):
+            raise ValueError(f"{path}:{lineno}: expected {{\"question_id\", \"reference\"}}")
+        refs[obj["question_id"]] = obj["reference"]
+    return refs

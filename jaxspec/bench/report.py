@@ -100,7 +100,8 @@ def _gamma(records: Sequence[dict], name: str) -> int | None:
     return gammas.pop() if gammas else None
 
 
-def _markdown(summaries: Mapping[str, dict], baseline: str, plots: Sequence[str]) -> str:
+def _markdown(summaries: Mapping[str, dict], baseline: str, plots: Sequence[str],
+              quality: str = "") -> str:
     head = "| method | tokens/s | speedup | tau | questions |\n|---|---:|---:|---:|---:|"
     rows = [head]
     for name, s in summaries.items():
@@ -128,6 +129,7 @@ def _markdown(summaries: Mapping[str, dict], baseline: str, plots: Sequence[str]
         "\n".join(rows),
         "## By category",
         "\n".join(cat_rows),
+        *(["## Quality against references", quality] if quality else []),
         *[f"![{Path(p).stem}]({p})" for p in plots],
     ]
     return "\n\n".join(parts) + "\n"
@@ -147,8 +149,13 @@ def report(
     answer_files: Mapping[str, str | os.PathLike[str]],
     baseline: str,
     out_dir: str | os.PathLike[str],
+    references: Mapping[Any, str] | None = None,
 ) -> dict[str, dict]:
     """Write report.md, report.csv and PNG plots to `out_dir`; return `{method: summarize(...)}`.
+
+    With `references` ({question_id: reference translation}), each method's first-turn texts
+    also get corpus chrF and BLEU (`overall["chrf"]`, `overall["bleu"]`), to show that speed did
+    not cost quality.
 
     `answer_files` maps method names to model_answer JSONL paths and must include `baseline`
     (reported first, speedup 1). The speedup-vs-gamma plot is drawn when methods' records carry
@@ -177,7 +184,20 @@ def report(
         plot_speedup_vs_gamma(points, out / "speedup_vs_gamma.png")
         plots.append("speedup_vs_gamma.png")
 
-    (out / "report.md").write_text(_markdown(summaries, baseline, plots), encoding="utf-8")
+    quality = ""
+    if references:
+        rows = ["| method | chrF | BLEU | questions |", "|---|---:|---:|---:|"]
+        for n in names:
+            pairs = [(r["choices"][0]["turns"][0], references[r["question_id"]])
+                     for r in answers[n] if r["question_id"] in references]
+            if not pairs:
+                raise ValueError(f"no reference matches a question answered by {n!r}")
+            scores = chrf_bleu(*zip(*pairs))
+            summaries[n]["overall"].update(scores)
+            rows.append(f"| {n} | {scores['chrf']:.2f} | {scores['bleu']:.2f} | {len(pairs)} |")
+        quality = "\n".join(rows)
+    (out / "report.md").write_text(_markdown(summaries, baseline, plots, quality),
+                                   encoding="utf-8")
     _write_csv(out / "report.csv", summaries)
     return summaries
 

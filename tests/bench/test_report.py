@@ -192,3 +192,38 @@ def test_chrf_bleu_without_sacrebleu_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "sacrebleu", None)  # makes `import sacrebleu` fail
     with pytest.raises(ImportError, match="pip install sacrebleu"):
         chrf_bleu(["a"], ["a"])
+
+
+def test_report_scores_quality_against_references(tmp_path):
+    from jaxspec.bench.questions import read_references
+
+    def texts(records, words):
+        return [{**r, "choices": [{**r["choices"][0],
+                                   "turns": [w] * len(r["choices"][0]["turns"])}]}
+                for r, w in zip(records, words)]
+
+    good = ["the cat sat on the mat", "a dog runs in the park", "it rains all day long"]
+    worse = ["the cat sat on a hat", "no dog here", "it rains all day long"]
+    base = _write(tmp_path / "ar.jsonl", texts(BASELINE, good))
+    spec = _write(tmp_path / "spec.jsonl", texts(SPEC, worse))
+    refs_file = tmp_path / "refs.jsonl"
+    refs_file.write_text("".join(json.dumps({"question_id": i + 1, "reference": g}) + "\n"
+                                 for i, g in enumerate(good)))
+    summaries = report({"ar": base, "spec": spec}, "ar", tmp_path / "out",
+                       read_references(refs_file))
+    assert summaries["ar"]["overall"]["chrf"] == pytest.approx(100.0)
+    assert summaries["ar"]["overall"]["bleu"] == pytest.approx(100.0)
+    expected = chrf_bleu(worse, good)
+    assert expected["chrf"] < 90
+    assert summaries["spec"]["overall"]["chrf"] == pytest.approx(expected["chrf"])
+    assert summaries["spec"]["overall"]["bleu"] == pytest.approx(expected["bleu"])
+    assert "## Quality against references" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_references_file_errors_name_the_line(tmp_path):
+    from jaxspec.bench.questions import read_references
+
+    f = tmp_path / "refs.jsonl"
+    f.write_text('{"question_id": 1, "reference": "a"}\n{"question_id": 2}\n')
+    with pytest.raises(ValueError, match=r"refs.jsonl:2:"):
+        read_references(f)
