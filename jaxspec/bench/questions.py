@@ -19,7 +19,7 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 PathLike = str | os.PathLike[str]
 
@@ -105,18 +105,22 @@ def _answer_problem(obj: Any) -> str | None:
     return None
 
 
-def read_questions(path: PathLike) -> list[dict]:
-    """Read a Spec-Bench `question.jsonl`; blank lines are ignored, anything malformed raises."""
-    text = Path(path).read_text(encoding="utf-8")
-    questions: list[dict] = []
-    seen: dict[Any, int] = {}
-    for lineno, line in enumerate(text.split("\n"), start=1):
+def _jsonl(path: PathLike) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object) of each non-blank line; invalid JSON raises with the line."""
+    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            yield lineno, json.loads(line)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{lineno}: invalid JSON ({err.msg})") from err
+
+
+def read_questions(path: PathLike) -> list[dict]:
+    """Read a Spec-Bench `question.jsonl`; blank lines are ignored, anything malformed raises."""
+    questions: list[dict] = []
+    seen: dict[Any, int] = {}
+    for lineno, obj in _jsonl(path):
         problem = _question_problem(obj)
         if problem is not None:
             raise ValueError(f"{path}:{lineno}: {problem}")
@@ -223,13 +227,7 @@ def append_answer(path: PathLike, record: dict) -> None:
 def read_references(path: PathLike) -> dict[Any, str]:
     """Reference translations: JSONL lines `{"question_id": ..., "reference": "..."}`."""
     refs: dict[Any, str] = {}
-    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{lineno}: invalid JSON ({err.msg})") from err
+    for lineno, obj in _jsonl(path):
         if not isinstance(obj, dict) or not _is_id(obj.get("question_id")) \
                 or not isinstance(obj.get("reference"), str):
             raise ValueError(f"{path}:{lineno}: expected {{\"question_id\", \"reference\"}}")
