@@ -1,7 +1,6 @@
 """The colab notebooks run top to bottom (CPU, `JAXSPEC_CI=1` shrinks them) and are committed
 without outputs."""
 
-import os
 import time
 from pathlib import Path
 
