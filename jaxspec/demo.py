@@ -40,9 +40,10 @@ def pick_drafter(target, drafter: str | None):
 
 
 def run(target: str = "gemma3-270m", drafter: str | None = None, gamma: int = 4,
-        max_new_tokens: int = 48, out=sys.stdout) -> list[dict]:
+        max_new_tokens: int = 48, out=None) -> list[dict]:
     import jaxspec
 
+    out = out or sys.stdout
     model = jaxspec.load(target)
     d, desc = pick_drafter(model, drafter)
     print(f"target: {target}   drafter: {desc}   gamma: {gamma}", file=out)

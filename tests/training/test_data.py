@@ -84,9 +84,15 @@ def test_self_generated_text_uses_the_generate_function():
                                   max_new_tokens=7)
     assert [r["text"] for r in records] == ["Satz 0.", "Noch einer!", "Satz 1.", "Noch einer!",
                                             "Satz 0.", "Noch einer!"]
-    assert calls[0][0][0] == "Write a short paragraph in German about the weather."
+    # A base model continues a header written in the language itself.
+    assert calls[0][0] == [data.NATIVE_SEEDS["de"]] * 2
     assert [c[1]["seed"] for c in calls] == [5, 7]
     assert all(c[1]["max_new_tokens"] == 7 and c[1]["temperature"] == 1.0 for c in calls)
+    # An instruction-tuned one (chat) is asked in English, topic by topic.
+    calls.clear()
+    data.self_generated("MODEL", "de", 2, fake_generate, chat=True)
+    assert calls[0][0] == ["Write a short paragraph in German about the weather.",
+                           "Write a short paragraph in German about a football match."]
 
 
 def _fake_tfds(monkeypatch, examples):
