@@ -17,14 +17,14 @@ from pathlib import Path
 import numpy as np
 
 
-def drafter_at(cfg: dict, target, step: int):
-    """The recipe's drafter after `step` finetuning steps (0: as initialised)."""
+def drafter_at(cfg: dict, target, saved, step: int):
+    """The recipe's drafter after `step` finetuning steps (0: as initialised); `saved` is its
+    final drafter (config and head vocab ids)."""
     import orbax.checkpoint as ocp
 
-    from jaxspec.loading import Model, load
+    from jaxspec.loading import Model
     from jaxspec.training import drafter_init
 
-    saved = load(Path(cfg["train"]["workdir"]) / "drafter")
     if step == 0:
         config, params = drafter_init.from_target(
             target.config, target.params, int(cfg["drafter"].get("num_layers", 1)))
@@ -36,6 +36,10 @@ def drafter_at(cfg: dict, target, step: int):
         state = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
     params = state["state"]["params"]
     return Model(saved.config, params, target.tokenizer, f"step{step}", saved.vocab_ids)
+
+
+def _saved_path(cfg: dict) -> Path:
+    return Path(cfg["train"]["workdir"]) / "drafter"
 
 
 def finetune_steps(cfg: dict) -> list[int]:
@@ -59,9 +63,10 @@ def measure(cfg: dict, questions: str, limit: int, gamma: int, max_new_tokens: i
             for p in prompts]
     base_speed = np.mean([r.tokens_per_s for r in base])
     per_step = cfg["train"]["batch_size"] * cfg["train"]["seq_len"]
+    saved = jaxspec.load(_saved_path(cfg))
     rows = []
     for step in [0, *(steps or finetune_steps(cfg))]:
-        drafter = jaxspec.model_drafter(drafter_at(cfg, target, step))
+        drafter = jaxspec.model_drafter(drafter_at(cfg, target, saved, step))
         outs = [jaxspec.speculative_generate(target, drafter, [p], gamma=gamma,
                                              max_new_tokens=max_new_tokens, stop=stop)
                 for p in prompts]
@@ -116,7 +121,7 @@ def main(argv=None):
         from jaxspec.training.drafter_init import save_drafter
 
         target = jaxspec.load(cfg["target"])
-        d = drafter_at(cfg, target, int(a.export[0]))
+        d = drafter_at(cfg, target, jaxspec.load(_saved_path(cfg)), int(a.export[0]))
         save_drafter(a.export[1], d.config, d.params, target.tokenizer, d.vocab_ids)
         print(f"wrote {a.export[1]}")
         return

@@ -14,6 +14,7 @@ import numpy as np
 from jaxspec.decoding import speculative
 from jaxspec.decoding.drafters import Drafter, ModelSpec, as_drafter
 from jaxspec.decoding.sampling import Sampling
+from jaxspec.loading import check_token_ids
 
 _PROMPT_BUCKET_MIN = 16
 _CACHE_BUCKET = 128
@@ -143,11 +144,8 @@ class Decoder:
         max_new = np.broadcast_to(max_new, (B,))
         if (max_new < 1).any():
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        vocab = target.config.vocab_size
         for row in ids:
-            bad = [t for t in row if not 0 <= t < vocab]
-            if bad:
-                raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+            check_token_ids([row], target.config.vocab_size)
         lengths = np.array([len(r) for r in ids])
         need = int((lengths + max_new).max()) + gamma + 1
         if need > target.config.max_position:
