@@ -80,7 +80,7 @@ def cache_root() -> Path:
 
 
 # Bump when GGUF conversion changes its output, so stale converted caches are not reused.
-CONVERSION_VERSION = 2
+CONVERSION_VERSION = 3
 
 
 def _cache_dir(source: Path) -> Path:
@@ -151,7 +151,7 @@ def load(name_or_path: str | os.PathLike, dtype=jnp.float32, cache: bool = True)
     elif (path / "config.json").exists():
         from transformers import AutoTokenizer
 
-        config, params = hf.load_hf_dir(path)
+        config, params = hf.load_hf_dir(path, progress=_progress(f"loading {path.name}"))
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     else:
         raise ValueError(f"{path} has neither config.json (Hugging Face) nor {store.MARKER} "

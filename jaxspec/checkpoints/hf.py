@@ -90,12 +90,13 @@ def params_from_hf_state(get, config: ModelConfig, dtype=np.float32, progress=No
         except KeyError:
             raise ValueError(f"checkpoint has no tensor {name!r}") from None
 
-    layers = {}
-    for ours, hf in layer_names(config).items():
-        layers[ours] = np.stack([_to_jax(ours, fetch(f"model.layers.{i}.{hf}"), config)
-                                 for i in range(config.num_layers)]).astype(dtype)
+    names = layer_names(config)
+    layers = []
+    for i in range(config.num_layers):
+        layers.append({ours: _to_jax(ours, fetch(f"model.layers.{i}.{hf}"), config).astype(dtype)
+                       for ours, hf in names.items()})
         if progress:
-            progress(ours)
+            progress(i + 1, config.num_layers)
     params = {
         "embed": fetch("model.embed_tokens.weight").astype(dtype),
         "layers": layers,
@@ -111,10 +112,9 @@ def hf_state_from_params(params: dict, config: ModelConfig) -> dict[str, np.ndar
              "model.norm.weight": np.asarray(params["final_norm"]) - _norm_offset(config)}
     if not config.tie_embeddings:
         state["lm_head.weight"] = np.asarray(params["lm_head"]).T
-    for ours, hf in layer_names(config).items():
-        stacked = np.asarray(params["layers"][ours], np.float32)
-        for i in range(config.num_layers):
-            state[f"model.layers.{i}.{hf}"] = _to_hf(ours, stacked[i], config)
+    for i, lp in enumerate(params["layers"]):
+        for ours, hf in layer_names(config).items():
+            state[f"model.layers.{i}.{hf}"] = _to_hf(ours, np.asarray(lp[ours], np.float32), config)
     return {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in state.items()}
 
 

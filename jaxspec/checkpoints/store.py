@@ -17,7 +17,7 @@ import jax
 from jaxspec.config import ModelConfig
 from jaxspec.models.params import check_params
 
-FORMAT = 1
+FORMAT = 2  # 2: one params dict per layer (1 stacked them)
 MARKER = "jaxspec.json"
 
 

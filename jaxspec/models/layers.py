@@ -64,10 +64,11 @@ def write_cache(cache_BxTxKxH, new_BxSxKxH, positions_BxS):
 
 
 def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, window):
-    """Grouped-query attention of the new queries over the cache, masked by position.
+    """Grouped-query attention of the new queries over the cache, masked by position:
+    [batch, seq, heads * head_dim].
 
-    A query at position p sees slots t <= p, and with a sliding `window` (a traced scalar, or None)
-    only t > p - window.
+    A query at position p sees slots t <= p, and with a sliding `window` (an int, or None)
+    only t > p - window (static).
     """
     B, S, N, H = q_BxSxNxH.shape
     K = k_BxTxKxH.shape[2]
@@ -81,8 +82,10 @@ def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, wind
         mask_BxSxT &= kv_pos_1x1xT > q_pos - window
     scores = jnp.where(mask_BxSxT[:, None, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_BxTxKxH.dtype)
-    out = jnp.einsum("BKGST,BTKH->BSKGH", probs, v_BxTxKxH)
-    return out.reshape(B, S, N, H)
+    out = jnp.einsum("BKGST,BTKH->BSKGH", probs, v_BxTxKxH).reshape(B, S, N * H)
+    # Without the barrier XLA:CPU moves this small transpose onto the output projection's
+    # weight and copies [heads, head_dim, embed] every call (a third of a decode step).
+    return jax.lax.optimization_barrier(out)
 
 
 def gated_mlp(x_BxSxD, w_gate_DxF, w_up_DxF, w_down_FxD, activation):

@@ -14,8 +14,7 @@ from jaxspec.models import layers as L
 from jaxspec.models.cache import KVCache
 
 
-def _layer(x, lp, k_cache, v_cache, positions, rope_global, rope_local, is_sliding,
-           config: ModelConfig):
+def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig):
     gemma = config.arch == "gemma3"
     h = L.rms_norm(x, lp["attn_norm"], config.rms_eps)
     q = jnp.einsum("BSD,DNH->BSNH", h, lp["wq"])
@@ -26,18 +25,13 @@ def _layer(x, lp, k_cache, v_cache, positions, rope_global, rope_local, is_slidi
     if gemma:
         q = L.rms_norm(q, lp["q_norm"], config.rms_eps)
         k = L.rms_norm(k, lp["k_norm"], config.rms_eps)
-    cos = jnp.where(is_sliding, rope_local[0], rope_global[0])
-    sin = jnp.where(is_sliding, rope_local[1], rope_global[1])
-    q, k = L.apply_rope(q, cos, sin), L.apply_rope(k, cos, sin)
+    q, k = L.apply_rope(q, *rope), L.apply_rope(k, *rope)
     k_cache = L.write_cache(k_cache, k, positions)
     v_cache = L.write_cache(v_cache, v, positions)
-    window = None
-    if config.sliding_window:
-        # A full layer gets a window no position can fall out of.
-        window = jnp.where(is_sliding, config.sliding_window, k_cache.shape[1] + 1)
     scale = config.query_scale or config.head_dim ** -0.5
     attn = L.attention(q, k_cache, v_cache, positions, scale, window)
-    attn = jnp.einsum("BSNH,NHD->BSD", attn, lp["wo"])
+    wo_ExD = lp["wo"].reshape(-1, lp["wo"].shape[-1])
+    attn = jnp.einsum("BSE,ED->BSD", attn, wo_ExD)
     if gemma:
         attn = L.rms_norm(attn, lp["post_attn_norm"], config.rms_eps)
     x = x + attn
@@ -57,9 +51,8 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
     then holds one entry per listed layer. Positions at or past the cache length are not written.
     """
     layer_ids = tuple(range(config.num_layers)) if layers is None else tuple(layers)
-    if cache.k_LxBxTxKxH.shape[0] != len(layer_ids):
-        raise ValueError(f"cache has {cache.k_LxBxTxKxH.shape[0]} layers, model runs "
-                         f"{len(layer_ids)}")
+    if cache.num_layers != len(layer_ids):
+        raise ValueError(f"cache has {cache.num_layers} layers, model runs {len(layer_ids)}")
     if tokens_BxS.shape[1] > cache.max_len:
         raise ValueError(f"{tokens_BxS.shape[1]} tokens do not fit a cache of {cache.max_len} "
                          f"slots")
@@ -71,18 +64,18 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
         config.head_dim, config.rope_theta, config.rope_scaling))
     rope_local = L.rope_angles(positions_BxS, L.rope_inv_freq(
         config.head_dim, config.rope_local_theta, None))
-    sliding = jnp.asarray([config.sliding_layers[i] for i in layer_ids])
-
-    def body(x, xs):
-        idx, is_sliding, k_cache, v_cache = xs
-        lp = jax.tree.map(lambda p: p[idx], params["layers"])
-        x, k_cache, v_cache = _layer(x, lp, k_cache, v_cache, positions_BxS, rope_global,
-                                     rope_local, is_sliding, config)
-        return x, (k_cache, v_cache)
-
-    x, (k, v) = jax.lax.scan(
-        body, x, (jnp.asarray(layer_ids), sliding, cache.k_LxBxTxKxH, cache.v_LxBxTxKxH))
+    keys, values = [], []
+    for c, i in enumerate(layer_ids):
+        rope = rope_local if config.sliding_layers[i] else rope_global
+        window = config.sliding_window if config.sliding_layers[i] else None
+        x, k, v = _layer(x, params["layers"][i], cache.keys[c], cache.values[c], positions_BxS,
+                         rope, window, config)
+        keys.append(k)
+        values.append(v)
     x = L.rms_norm(x, params["final_norm"], config.rms_eps)
-    head_DxV = params["lm_head"] if "lm_head" in params else embed_VxD.T
-    logits = jnp.einsum("BSD,DV->BSV", x, head_DxV, preferred_element_type=jnp.float32)
-    return logits, KVCache(k, v)
+    if "lm_head" in params:
+        logits = jnp.einsum("BSD,DV->BSV", x, params["lm_head"],
+                            preferred_element_type=jnp.float32)
+    else:
+        logits = jnp.einsum("BSD,VD->BSV", x, embed_VxD, preferred_element_type=jnp.float32)
+    return logits, KVCache(tuple(keys), tuple(values))

@@ -33,7 +33,7 @@ def from_target(target_config: ModelConfig, target_params: dict,
     config = target_config.replace(num_layers=num_layers,
                                    layer_types=target_config.layer_types[:num_layers])
     params = dict(target_params)
-    params["layers"] = jax.tree.map(lambda p: p[:num_layers], target_params["layers"])
+    params["layers"] = list(target_params["layers"][:num_layers])
     return config, params
 
 

@@ -27,7 +27,6 @@ RULES: dict[str, Any] = {
     "mlp": "tensor",
     "vocab": "tensor",
     "head_vocab": "tensor",
-    "layers": None,
     "head_dim": None,
 }
 

@@ -265,7 +265,7 @@ def test_checkpoint_control_loads(checkpoint):
 
 @pytest.mark.parametrize("damage, match", [
     (lambda p: (p / "jaxspec.json").write_text("{not json"), "not a readable jaxspec checkpoint"),
-    (lambda p: (p / "jaxspec.json").write_text(json.dumps({"format": 99})), "format 99 is not 1"),
+    (lambda p: (p / "jaxspec.json").write_text(json.dumps({"format": 99})), "format 99 is not 2"),
     (lambda p: shutil.rmtree(p / "params"), "cannot restore params"),
     (lambda p: [f.write_bytes(b"garbage") for f in (p / "params").rglob("*") if f.is_file()],
      "cannot restore params"),

@@ -36,8 +36,10 @@ def test_from_target_copies_the_first_layers(target_params):
     config, params = drafter_init.from_target(TARGET, target_params, 2)
     assert config.num_layers == 2 and config.layer_types == ("sliding", "full")
     check_params(params, config)
-    for name, p in params["layers"].items():
-        np.testing.assert_array_equal(p, target_params["layers"][name][:2])
+    assert len(params["layers"]) == 2
+    for lp, target_lp in zip(params["layers"], target_params["layers"]):
+        for name, p in lp.items():
+            np.testing.assert_array_equal(p, target_lp[name])
     np.testing.assert_array_equal(params["embed"], target_params["embed"])
     # The drafter is the target with its last layers skipped.
     np.testing.assert_allclose(_logits(params, config, TOKENS),

@@ -58,7 +58,7 @@ def test_tiny_recipe_end_to_end_and_resume(tmp_path):
         assert [r["tau"] >= 1 for r in logged if "tau" in r] == [True]
     # The finetuned drafter is the target's first layer after 4 steps: close, not equal.
     target = recipe.load_target(cfg["target"])
-    assert not np.array_equal(drafter.params["layers"]["wq"], target.params["layers"]["wq"][:1])
+    assert not np.array_equal(drafter.params["layers"][0]["wq"], target.params["layers"][0]["wq"])
 
     # A rerun finds both stages finished and saves the same drafter.
     again = jaxspec.load(recipe.run_train(cfg))
@@ -103,7 +103,7 @@ def test_frozen_embedding_is_stored_as_a_reference_to_the_target(tmp_path):
     assert store.read_meta(path)["embed_from"] == str(tmp_path / "target")
     drafter = jaxspec.load(path)
     np.testing.assert_array_equal(drafter.params["embed"], target.params["embed"])
-    assert not np.array_equal(drafter.params["layers"]["wq"], target.params["layers"]["wq"][:1])
+    assert not np.array_equal(drafter.params["layers"][0]["wq"], target.params["layers"][0]["wq"])
     # The checkpoint holds no embedding of its own.
     stored = sum(f.stat().st_size for f in (path / "params").rglob("*") if f.is_file())
     assert stored < np.asarray(target.params["embed"]).nbytes + 200_000
