@@ -1,6 +1,6 @@
 """The paper's scaling figure: tau and speedup of a drafter against its finetuning tokens.
 
-Evaluates the drafter at step 0 (initialised, before finetuning) and at every saved finetuning
+Evaluates the drafter at step 0 (before finetuning) and at every saved finetuning
 checkpoint of a recipe, on the first `limit` benchmark questions, and plots both on a log axis.
 
     python -m jaxspec.bench.scaling --config configs/deen_gemma3_cpu.yaml \
@@ -17,24 +17,34 @@ from pathlib import Path
 import numpy as np
 
 
-def drafter_at(cfg: dict, target, saved, step: int):
-    """The recipe's drafter after `step` finetuning steps (0: as initialised); `saved` is its
-    final drafter (config and head vocab ids)."""
+def _restore_params(ckpts: Path, step: int | None = None):
+    """Params of a trainer checkpoint dir at `step` (None: the latest)."""
     import orbax.checkpoint as ocp
 
+    with ocp.CheckpointManager(ckpts.absolute()) as mngr:
+        step = mngr.latest_step() if step is None else step
+        state = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
+    return state["state"]["params"]
+
+
+def drafter_at(cfg: dict, target, saved, step: int):
+    """The recipe's drafter after `step` finetuning steps (0: before finetuning, i.e. pretrained
+    when the recipe pretrains, else as initialised); `saved` is its final drafter (config and
+    head vocab ids)."""
     from jaxspec.loading import Model
     from jaxspec.training import drafter_init
 
-    if step == 0:
+    workdir = Path(cfg["train"]["workdir"])
+    if step > 0:
+        params = _restore_params(workdir / "finetune" / "checkpoints", step)
+    elif (workdir / "pretrain" / "checkpoints").exists():
+        params = _restore_params(workdir / "pretrain" / "checkpoints")
+    else:
         config, params = drafter_init.from_target(
             target.config, target.params, int(cfg["drafter"].get("num_layers", 1)))
         if saved.vocab_ids is not None:
             config, params = drafter_init.reduce_head(config, params, saved.vocab_ids)
         return Model(config, params, target.tokenizer, "step0", saved.vocab_ids)
-    ckpts = Path(cfg["train"]["workdir"]).absolute() / "finetune" / "checkpoints"
-    with ocp.CheckpointManager(ckpts) as mngr:
-        state = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
-    params = state["state"]["params"]
     return Model(saved.config, params, target.tokenizer, f"step{step}", saved.vocab_ids)
 
 
@@ -50,28 +60,44 @@ def finetune_steps(cfg: dict) -> list[int]:
         return sorted(mngr.all_steps())
 
 
+def response_tokens(cfg: dict, pad_id: int, steps: list[int]) -> dict[int, int]:
+    """Distilled response tokens (the loss-bearing ones) seen by each finetuning step, replaying
+    the trainer's batches."""
+    from jaxspec.training import distill, recipe
+
+    batches = recipe.finetune_batches(distill.read_distilled(cfg["distill"]["out_dir"]),
+                                      recipe.stage_settings(cfg, "finetune"), pad_id)
+    seen, out = 0, {0: 0}
+    for step in range(1, max(steps, default=0) + 1):
+        seen += int(batches.next()["mask"][:, 1:].sum())  # row token 0 is never a target
+        out[step] = seen
+    return out
+
+
 def measure(cfg: dict, questions: str, limit: int, gamma: int, max_new_tokens: int,
             steps: list[int] | None = None) -> list[dict]:
     import jaxspec
     from jaxspec.bench.questions import read_questions
+    from jaxspec.training import recipe
 
-    target = jaxspec.load(cfg["target"])
+    target = recipe.load_target(cfg["target"])
     template = cfg.get("template", "{prompt}")
     stop = cfg["distill"].get("stop")
     prompts = [template.format(prompt=q["turns"][0]) for q in read_questions(questions)[:limit]]
     base = [jaxspec.generate(target, [p], max_new_tokens=max_new_tokens, stop=stop)
             for p in prompts]
     base_speed = np.mean([r.tokens_per_s for r in base])
-    per_step = cfg["train"]["batch_size"] * cfg["train"]["seq_len"]
     saved = jaxspec.load(_saved_path(cfg))
+    steps = [0, *(steps or finetune_steps(cfg))]
+    tokens = response_tokens(cfg, target.config.pad_token_id, steps)
     rows = []
-    for step in [0, *(steps or finetune_steps(cfg))]:
+    for step in steps:
         drafter = jaxspec.model_drafter(drafter_at(cfg, target, saved, step))
         outs = [jaxspec.speculative_generate(target, drafter, [p], gamma=gamma,
                                              max_new_tokens=max_new_tokens, stop=stop)
                 for p in prompts]
         rows.append({
-            "step": step, "finetune_tokens": step * per_step,
+            "step": step, "finetune_tokens": tokens[step],
             "tau": float(np.mean([a for r in outs for a in r.accept_lengths[0]])),
             "speedup": float(np.mean([r.tokens_per_s for r in outs]) / base_speed),
             "identical": all(r.token_ids == b.token_ids for r, b in zip(outs, base))})
@@ -82,16 +108,22 @@ def measure(cfg: dict, questions: str, limit: int, gamma: int, max_new_tokens: i
 def plot(rows: list[dict], path: Path) -> None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import NullFormatter
 
+    before = [r for r in rows if r["finetune_tokens"] == 0]
     rows = [r for r in rows if r["finetune_tokens"] > 0]
     fig = Figure(figsize=(8, 3.5))
     FigureCanvasAgg(fig)
     x = [r["finetune_tokens"] for r in rows]
     for i, key in enumerate(("speedup", "tau")):
         ax = fig.add_subplot(1, 2, i + 1)
-        ax.plot(x, [r[key] for r in rows], marker="o")
+        ax.plot(x, [r[key] for r in rows], marker="o", label="finetuned")
+        if before:  # step 0 has no place on a log axis: a reference line
+            ax.axhline(before[0][key], color="gray", linestyle="--", label="before finetuning")
+            ax.legend(fontsize=8)
         ax.set_xscale("log")
-        ax.set_xlabel("finetuning tokens")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("finetuning tokens (distilled responses)")
         ax.set_ylabel(key)
         ax.grid(True, alpha=0.3)
     fig.suptitle("Specialised drafter vs finetuning tokens")
@@ -119,10 +151,12 @@ def main(argv=None):
     if a.export:
         import jaxspec
         from jaxspec.training.drafter_init import save_drafter
+        from jaxspec.training.recipe import embed_source, load_target
 
-        target = jaxspec.load(cfg["target"])
+        target = load_target(cfg["target"])
         d = drafter_at(cfg, target, jaxspec.load(_saved_path(cfg)), int(a.export[0]))
-        save_drafter(a.export[1], d.config, d.params, target.tokenizer, d.vocab_ids)
+        save_drafter(a.export[1], d.config, d.params, target.tokenizer, d.vocab_ids,
+                     embed_from=embed_source(cfg))
         print(f"wrote {a.export[1]}")
         return
     rows = measure(cfg, a.questions, a.limit, a.gamma, a.max_new_tokens, a.steps)

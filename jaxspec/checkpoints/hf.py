@@ -282,13 +282,14 @@ def export_hf_dir(params: dict, config: ModelConfig, path: str | os.PathLike,
     """Write config.json, model.safetensors (and the tokenizer) for transformers to load."""
     from safetensors.numpy import save_file
 
+    hf_config = hf_config_from_config(config)  # checked before anything is written
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = hf_state_from_params(jax.device_get(params), config)
     if config.tie_embeddings:
         state.pop("lm_head.weight", None)
     save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
-    (path / "config.json").write_text(json.dumps(hf_config_from_config(config), indent=2))
+    (path / "config.json").write_text(json.dumps(hf_config, indent=2))
     if tokenizer is not None:
         tokenizer.save_pretrained(str(path))
     return path

@@ -20,8 +20,9 @@ import numpy as np
 LANGUAGES = {"de": "German", "en": "English", "fr": "French", "ja": "Japanese", "ru": "Russian",
              "zh": "Chinese", "es": "Spanish", "it": "Italian", "cs": "Czech", "fi": "Finnish"}
 
-# Seeds for text a base model writes in the source language: a header in that language.
-NATIVE_SEEDS = {"de": "Ein Artikel aus einer deutschen Zeitung:\n\n",
+# Seeds for text a base model writes in a language: a header in that language.
+NATIVE_SEEDS = {"en": "An article from an English newspaper:\n\n",
+                "de": "Ein Artikel aus einer deutschen Zeitung:\n\n",
                 "fr": "Un article d'un journal français :\n\n",
                 "ja": "日本の新聞の記事：\n\n",
                 "ru": "Статья из российской газеты:\n\n",

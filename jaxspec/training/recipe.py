@@ -52,9 +52,9 @@ def check_config(cfg: dict) -> None:
     unknown("drafter.config", drafter.get("config", {}), ModelConfig.__dataclass_fields__)
     if "prompts" not in cfg["data"]:
         raise ValueError("recipe: data.prompts (the distillation prompts) is missing")
-    if _stage_settings(cfg, "pretrain") and "pretrain" not in cfg["data"]:
+    if stage_settings(cfg, "pretrain") and "pretrain" not in cfg["data"]:
         raise ValueError("recipe: train.pretrain has steps but data.pretrain is missing")
-    _stage_settings(cfg, "finetune")
+    stage_settings(cfg, "finetune")
 
 
 def load_target(spec):
@@ -95,22 +95,26 @@ def _prompts(cfg: dict, key: str, target, generate_fn) -> list[str]:
     return prompts[:num] if num is not None else prompts
 
 
-def _cached_prompts(cfg: dict, target, generate_fn) -> list[str]:
-    """The distillation prompts, kept in `<distill.out_dir>/prompts.json` so a killed job does
-    not write its source text again (reused only for the same source spec and template)."""
-    path = Path(cfg["distill"]["out_dir"]) / "prompts.json"
-    key = {"source": cfg["data"]["prompts"], "template": cfg.get("template", "{prompt}"),
+def _cached_source(cfg: dict, name: str, path: Path, make: Callable[[], list]) -> list:
+    """`make()` for the source `data.<name>`, kept in `path` so a killed job does not write its
+    text again (reused only for the same source spec, template and seed)."""
+    key = {"source": cfg["data"][name], "template": cfg.get("template", "{prompt}"),
            "seed": cfg.get("seed", 0)}
     if path.exists():
         cached = json.loads(path.read_text(encoding="utf-8"))
         if cached["key"] == key:
-            return cached["prompts"]
-    prompts = _prompts(cfg, "prompts", target, generate_fn)
+            return cached["items"]
+    items = make()
     if jax.process_index() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
-        distill.write_atomic(path, json.dumps({"key": key, "prompts": prompts},
-                                              ensure_ascii=False))
-    return prompts
+        distill.write_atomic(path, json.dumps({"key": key, "items": items}, ensure_ascii=False))
+    return items
+
+
+def _cached_prompts(cfg: dict, target, generate_fn) -> list[str]:
+    """The distillation prompts, kept in `<distill.out_dir>/prompts.json`."""
+    return _cached_source(cfg, "prompts", Path(cfg["distill"]["out_dir"]) / "prompts.json",
+                          lambda: _prompts(cfg, "prompts", target, generate_fn))
 
 
 def run_distill(cfg: dict, generate_fn: Callable | None = None) -> Path:
@@ -148,13 +152,19 @@ def init_drafter(cfg: dict, target, token_ids) -> tuple[ModelConfig, dict, np.nd
     return config, jax.device_get(params), vocab_ids
 
 
-def _stage_settings(cfg: dict, stage: str) -> trainer.TrainSettings | None:
+def stage_settings(cfg: dict, stage: str) -> trainer.TrainSettings | None:
     tcfg = cfg["train"]
     shared = {k: v for k, v in tcfg.items() if k not in ("workdir", "pretrain", "finetune")}
     merged = {"seed": cfg.get("seed", 0), **shared, **(tcfg.get(stage) or {})}
     if not merged.get("steps"):
         return None
     return trainer.TrainSettings.from_dict(merged)
+
+
+def finetune_batches(records: list[dict], s: trainer.TrainSettings, pad_id: int) -> data.Batches:
+    """The finetuning stage's batches: distilled records packed, loss on responses only."""
+    return data.Batches(*data.pack(data.distilled_examples(records), s.seq_len, pad_id),
+                        s.batch_size, s.seed)
 
 
 def run_train(cfg: dict, speculative_fn: Callable | None = None,
@@ -169,30 +179,36 @@ def run_train(cfg: dict, speculative_fn: Callable | None = None,
     config, params, vocab_ids = init_drafter(
         cfg, target, [r["prompt_ids"] + r["response_ids"] for r in records])
     pad, chat = target.config.pad_token_id, _chat(cfg, target)
-    eval_prompts = _prompts(cfg, "eval", target, generate_fn) if "eval" in cfg["data"] else []
+    eval_prompts = (_cached_source(cfg, "eval", workdir / "eval_prompts.json",
+                                   lambda: _prompts(cfg, "eval", target, generate_fn))
+                    if "eval" in cfg["data"] else [])
     common = dict(vocab_ids=vocab_ids, eval_prompts=eval_prompts, speculative_fn=speculative_fn,
                   tokenizer=target.tokenizer, chat=chat, teacher=target)
     eos = (target.config.eos_token_ids or (target.tokenizer.eos_token_id,))[0]
 
-    s = _stage_settings(cfg, "pretrain")
+    s = stage_settings(cfg, "pretrain")
     if s is not None:
-        texts = data.to_texts(data.load_source(cfg["data"]["pretrain"], target, generate_fn))
+        texts = _cached_source(cfg, "pretrain", workdir / "pretrain_texts.json",
+                               lambda: data.to_texts(data.load_source(
+                                   cfg["data"]["pretrain"], target, generate_fn)))
         tokens, mask = data.pack(data.text_examples(target.tokenizer, texts, eos), s.seq_len, pad)
         params = trainer.host_params(trainer.train(
             s, config, params, data.Batches(tokens, mask, s.batch_size, s.seed),
             workdir / "pretrain", **common))
-    s = _stage_settings(cfg, "finetune")
+    s = stage_settings(cfg, "finetune")
     if s is not None:
-        tokens, mask = data.pack(data.distilled_examples(records), s.seq_len, pad)
         params = trainer.host_params(trainer.train(
-            s, config, params, data.Batches(tokens, mask, s.batch_size, s.seed),
-            workdir / "finetune", **common))
-    # A frozen embedding copied from a named target is stored as a reference to it.
-    stages = [st for st in (_stage_settings(cfg, "pretrain"), _stage_settings(cfg, "finetune"))
-              if st is not None]
-    frozen = all("embed" in st.freeze for st in stages)
-    embed_from = (cfg["target"] if frozen and isinstance(cfg["target"], str)
-                  and cfg.get("drafter", {}).get("init", "target") == "target" else None)
+            s, config, params, finetune_batches(records, s, pad), workdir / "finetune", **common))
     return drafter_init.save_drafter(workdir / "drafter", config, params, target.tokenizer,
                                      vocab_ids, extra={"target": str(cfg["target"])},
-                                     embed_from=embed_from)
+                                     embed_from=embed_source(cfg))
+
+
+def embed_source(cfg: dict) -> str | None:
+    """The named target whose embedding the recipe's drafter keeps frozen (saved as a reference
+    to it), or None when the drafter's embedding is its own."""
+    stages = [st for st in (stage_settings(cfg, "pretrain"), stage_settings(cfg, "finetune"))
+              if st is not None]
+    frozen = all("embed" in st.freeze for st in stages)
+    return (cfg["target"] if frozen and isinstance(cfg["target"], str)
+            and cfg.get("drafter", {}).get("init", "target") == "target" else None)

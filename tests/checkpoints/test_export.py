@@ -202,3 +202,14 @@ def test_tokenizer_round_trips_through_export(tmp_path):
     hf.export_hf_dir(random_params(CONFIGS["llama"]), CONFIGS["llama"], tmp_path / "hf", tok)
     again = AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
     assert again("w3 w60 w12")["input_ids"] == tok("w3 w60 w12")["input_ids"] == [3, 60, 12]
+
+
+def test_reduced_head_export_fails_before_writing(tmp_path):
+    """transformers has no subset head: the export says so and leaves no partial directory."""
+    from jaxspec.training import drafter_init
+
+    config = CONFIGS["llama"]
+    reduced, params = drafter_init.reduce_head(config, random_params(config), np.arange(16))
+    with pytest.raises(ValueError, match="reduced-vocabulary head has no Hugging Face"):
+        hf.export_hf_dir(params, reduced, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()

@@ -60,8 +60,12 @@ def test_tiny_recipe_end_to_end_and_resume(tmp_path):
     target = recipe.load_target(cfg["target"])
     assert not np.array_equal(drafter.params["layers"][0]["wq"], target.params["layers"][0]["wq"])
 
-    # A rerun finds both stages finished and saves the same drafter.
-    again = jaxspec.load(recipe.run_train(cfg))
+    # A rerun finds both stages finished and its source texts cached: it generates nothing and
+    # saves the same drafter.
+    def no_generate(*args, **kw):
+        raise AssertionError("a rerun generated text again")
+
+    again = jaxspec.load(recipe.run_train(cfg, generate_fn=no_generate))
     np.testing.assert_array_equal(again.params["lm_head"], drafter.params["lm_head"])
 
 
@@ -77,7 +81,7 @@ def test_distill_rerun_reuses_its_prompts_and_template(tmp_path):
     cfg = load_yaml(CONFIGS / "tiny.yaml", overrides)
     out = recipe.run_distill(cfg, generate_fn=counting)
     first = len(calls)
-    cached = json.loads((out / "prompts.json").read_text())["prompts"]
+    cached = json.loads((out / "prompts.json").read_text())["items"]
     assert cached and all(p.startswith("Q: Translate German to English:") and p.endswith(" A:")
                           for p in cached)
     # Every shard exists and the source text is cached: a rerun generates nothing.
