@@ -17,11 +17,15 @@ from pathlib import Path
 import numpy as np
 
 
+def _checkpoints(cfg: dict, stage: str) -> Path:
+    return Path(cfg["train"]["workdir"]).absolute() / stage / "checkpoints"
+
+
 def _restore_params(ckpts: Path, step: int | None = None):
     """Params of a trainer checkpoint dir at `step` (None: the latest)."""
     import orbax.checkpoint as ocp
 
-    with ocp.CheckpointManager(ckpts.absolute()) as mngr:
+    with ocp.CheckpointManager(ckpts) as mngr:
         step = mngr.latest_step() if step is None else step
         state = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore()))
     return state["state"]["params"]
@@ -34,11 +38,10 @@ def drafter_at(cfg: dict, target, saved, step: int):
     from jaxspec.loading import Model
     from jaxspec.training import drafter_init
 
-    workdir = Path(cfg["train"]["workdir"])
     if step > 0:
-        params = _restore_params(workdir / "finetune" / "checkpoints", step)
-    elif (workdir / "pretrain" / "checkpoints").exists():
-        params = _restore_params(workdir / "pretrain" / "checkpoints")
+        params = _restore_params(_checkpoints(cfg, "finetune"), step)
+    elif _checkpoints(cfg, "pretrain").exists():
+        params = _restore_params(_checkpoints(cfg, "pretrain"))
     else:
         config, params = drafter_init.from_target(
             target.config, target.params, int(cfg["drafter"].get("num_layers", 1)))
@@ -55,8 +58,7 @@ def _saved_path(cfg: dict) -> Path:
 def finetune_steps(cfg: dict) -> list[int]:
     import orbax.checkpoint as ocp
 
-    ckpts = Path(cfg["train"]["workdir"]).absolute() / "finetune" / "checkpoints"
-    with ocp.CheckpointManager(ckpts) as mngr:
+    with ocp.CheckpointManager(_checkpoints(cfg, "finetune")) as mngr:
         return sorted(mngr.all_steps())
 
 

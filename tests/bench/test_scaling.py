@@ -14,7 +14,7 @@ CONFIGS = Path(__file__).parents[2] / "configs"
 
 
 def test_scaling_rows_follow_the_recipe_checkpoints(tmp_path):
-    # Finetuning with ce over a reduced head: the logged targets are the response tokens seen.
+    # Finetuning with ce over a full head: every response token is a logged target.
     cfg = load_yaml(CONFIGS / "tiny.yaml", [f"distill.out_dir={tmp_path / 'distill'}",
                                             f"train.workdir={tmp_path / 'train'}",
                                             "train.eval_every=0", "train.finetune.loss=ce",
