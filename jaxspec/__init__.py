@@ -3,7 +3,7 @@
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.drafters import layer_skip_drafter, model_drafter, ngram_drafter
 from jaxspec.decoding.runner import GenerationResult, generate, speculative_generate
-from jaxspec.loading import Model, load, score
+from jaxspec.loading import Model, load, load_drafter, score
 
 __all__ = ["GenerationResult", "Model", "ModelConfig", "generate", "layer_skip_drafter", "load",
-           "model_drafter", "ngram_drafter", "score", "speculative_generate"]
+           "load_drafter", "model_drafter", "ngram_drafter", "score", "speculative_generate"]

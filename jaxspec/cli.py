@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from jaxspec.config import load_yaml, merge
+from jaxspec.errors import UserError
 
 
 def _options(args, defaults: dict) -> dict:
@@ -37,15 +38,10 @@ def cmd_generate(args):
     kw = dict(max_new_tokens=o["max_new_tokens"], temperature=o["temperature"],
               top_k=o.get("top_k"), top_p=o.get("top_p"), seed=o["seed"], stop=o.get("stop"),
               chat=o["chat"])
-    drafter = o.get("drafter")
-    if drafter:
-        from jaxspec.bench.specbench import parse_layers
-        if drafter == "ngram" or drafter.startswith("ngram:"):
-            d = jaxspec.ngram_drafter(int(drafter.partition(":")[2] or 3))
-        elif drafter.startswith("layerskip:"):
-            d = jaxspec.layer_skip_drafter(model, parse_layers(drafter.partition(":")[2]))
-        else:
-            d = jaxspec.model_drafter(jaxspec.load(drafter))
+    if o.get("drafter"):
+        from jaxspec.loading import parse_drafter
+
+        d = parse_drafter(o["drafter"], model)
         r = jaxspec.speculative_generate(model, d, o["prompt"], gamma=o["gamma"], **kw)
     else:
         r = jaxspec.generate(model, o["prompt"], **kw)
@@ -207,7 +203,7 @@ def main(argv=None):
     args = parser().parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
+    except (UserError, FileNotFoundError, ModuleNotFoundError) as e:
         if os.environ.get("JAXSPEC_DEBUG"):
             raise
         raise SystemExit(f"jaxspec {args.command}: {e}") from None

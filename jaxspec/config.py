@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Sequence
 
 import yaml
+
+from jaxspec.errors import UserError
 
 ARCHS = ("llama", "gemma3")
 
@@ -53,27 +54,27 @@ class ModelConfig:
 
     def __post_init__(self):
         if self.arch not in ARCHS:
-            raise ValueError(f"unknown architecture {self.arch!r}; jaxspec supports {ARCHS}")
+            raise UserError(f"unknown architecture {self.arch!r}; jaxspec supports {ARCHS}")
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                      "head_dim", "intermediate_size"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
+                raise UserError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
         if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads={self.num_heads} is not a multiple of "
-                             f"num_kv_heads={self.num_kv_heads}")
+            raise UserError(f"num_heads={self.num_heads} is not a multiple of "
+                            f"num_kv_heads={self.num_kv_heads}")
         if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
+            raise UserError(f"head_dim={self.head_dim} must be even for rotary embeddings")
         if self.head_vocab_size is not None and self.tie_embeddings:
-            raise ValueError("a reduced head_vocab_size needs an untied lm_head")
+            raise UserError("a reduced head_vocab_size needs an untied lm_head")
         if self.layer_types:
             if len(self.layer_types) != self.num_layers:
-                raise ValueError(f"layer_types has {len(self.layer_types)} entries for "
-                                 f"{self.num_layers} layers")
+                raise UserError(f"layer_types has {len(self.layer_types)} entries for "
+                                f"{self.num_layers} layers")
             bad = set(self.layer_types) - {"full", "sliding"}
             if bad:
-                raise ValueError(f"unknown layer types {sorted(bad)}; use 'full' or 'sliding'")
+                raise UserError(f"unknown layer types {sorted(bad)}; use 'full' or 'sliding'")
             if "sliding" in self.layer_types and not self.sliding_window:
-                raise ValueError("sliding layers need a positive sliding_window")
+                raise UserError("sliding layers need a positive sliding_window")
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:
@@ -95,11 +96,8 @@ class ModelConfig:
                 d[k] = tuple(d[k])
         unknown = set(d) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
-            raise ValueError(f"unknown ModelConfig keys: {sorted(unknown)}")
+            raise UserError(f"unknown ModelConfig keys: {sorted(unknown)}")
         return cls(**d)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
 
 
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
@@ -108,7 +106,7 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for pair in pairs:
         if "=" not in pair:
-            raise ValueError(f"override {pair!r} is not of the form key=value")
+            raise UserError(f"override {pair!r} is not of the form key=value")
         key, value = pair.split("=", 1)
         node = out
         *parents, leaf = key.strip().split(".")
@@ -136,5 +134,5 @@ def load_yaml(path: str | None, overrides: Sequence[str] = ()) -> dict[str, Any]
         with open(path) as f:
             base = yaml.safe_load(f) or {}
         if not isinstance(base, dict):
-            raise ValueError(f"{path}: expected a mapping at the top level")
+            raise UserError(f"{path}: expected a mapping at the top level")
     return merge(base, parse_overrides(overrides))

@@ -35,7 +35,7 @@ def pick_drafter(target, drafter: str | None):
     import jaxspec
 
     if drafter:
-        return jaxspec.model_drafter(jaxspec.load(drafter)), f"trained drafter {drafter}"
+        return jaxspec.load_drafter(drafter), f"trained drafter {drafter}"
     return jaxspec.ngram_drafter(3), "n-gram prompt lookup (untrained; pass --drafter to use one)"
 
 

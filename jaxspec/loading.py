@@ -1,4 +1,4 @@
-"""`load` a model by name or path, and `score` token ids with it."""
+"""`load` a model (or `load_drafter` a drafter) by name or path, and `score` token ids with it."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import numpy as np
 
 from jaxspec.checkpoints import gguf, hf, store
 from jaxspec.config import ModelConfig
+from jaxspec.decoding.drafters import Drafter, layer_skip_drafter, model_drafter, ngram_drafter
+from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache
 from jaxspec.models.params import check_params
 from jaxspec.models.transformer import forward
@@ -30,10 +32,6 @@ class Model:
     params: dict
     tokenizer: Any = None
     name: str = ""
-    vocab_ids: np.ndarray | None = None  # drafters with a reduced head: head index -> token id
-
-    def apply(self, tokens_BxS, positions_BxS, cache):
-        return forward(self.params, self.config, tokens_BxS, positions_BxS, cache)
 
 
 def _smollm2_path() -> Path:
@@ -125,26 +123,29 @@ def _convert_gguf(path: Path, cache: bool):
     return config, params, tokenizer
 
 
+def resolve(name_or_path: str | os.PathLike) -> Path:
+    """The local path of a registered model name, or the path itself."""
+    name = str(name_or_path)
+    return REGISTRY[name]() if name in REGISTRY else Path(name).expanduser()
+
+
 def load(name_or_path: str | os.PathLike, dtype=jnp.float32, cache: bool = True) -> Model:
     """Load a registered model name, a `.gguf` file, a Hugging Face directory, or a jaxspec
     checkpoint directory. Converted GGUF files are cached under `$JAXSPEC_CACHE` (default
     ~/.cache/jaxspec) and reused."""
     name = str(name_or_path)
-    path = REGISTRY[name]() if name in REGISTRY else Path(name).expanduser()
+    path = resolve(name)
     if not path.exists():
         raise FileNotFoundError(
             f"{name!r} is neither a registered model ({', '.join(REGISTRY)}) nor an existing path")
-    vocab_ids = None
     if path.is_file():
         if path.suffix != ".gguf":
-            raise ValueError(f"{path}: jaxspec loads .gguf files, HF directories and jaxspec "
-                             f"checkpoint directories")
+            raise UserError(f"{path}: jaxspec loads .gguf files, HF directories and jaxspec "
+                            f"checkpoint directories")
         config, params, tokenizer = _convert_gguf(path, cache)
     elif store.is_checkpoint(path):
         config, params, meta = store.restore(path)
         tokenizer = store.load_tokenizer(path)
-        if meta.get("vocab_ids") is not None:
-            vocab_ids = np.asarray(meta["vocab_ids"], np.int32)
         if meta.get("embed_from"):  # a drafter sharing its target's frozen embedding
             params["embed"] = load(meta["embed_from"], dtype).params["embed"]
             check_params(params, config)
@@ -154,36 +155,70 @@ def load(name_or_path: str | os.PathLike, dtype=jnp.float32, cache: bool = True)
         config, params = hf.load_hf_dir(path, progress=_progress(f"loading {path.name}"))
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     else:
-        raise ValueError(f"{path} has neither config.json (Hugging Face) nor {store.MARKER} "
-                         f"(jaxspec checkpoint)")
+        raise UserError(f"{path} has neither config.json (Hugging Face) nor {store.MARKER} "
+                        f"(jaxspec checkpoint)")
     params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
-    return Model(config, params, tokenizer, name, vocab_ids)
+    return Model(config, params, tokenizer, name)
+
+
+def load_drafter(name_or_path: str | os.PathLike, dtype=jnp.float32) -> Drafter:
+    """A saved model as a drafter; a reduced head brings its vocab ids from the checkpoint."""
+    path = resolve(name_or_path)
+    model = load(name_or_path, dtype)
+    ids = store.read_meta(path).get("vocab_ids") if store.is_checkpoint(path) else None
+    return model_drafter(model, None if ids is None else np.asarray(ids, np.int32))
+
+
+def parse_layers(spec: str) -> list[int]:
+    """"10-19" or "3,5,7" or a mix -> layer indices."""
+    layers = []
+    try:
+        for part in spec.split(","):
+            lo, _, hi = part.partition("-")
+            layers += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    except ValueError:
+        raise UserError(f"bad layer list {spec!r}: use e.g. '10-19' or '3,5,7'") from None
+    return layers
+
+
+def parse_drafter(spec: str, target: Model) -> Drafter:
+    """"ngram[:N]" (N = 3 by default), "layerskip:LAYERS" (of `target`, as for `parse_layers`),
+    or a saved drafter's name or path, optionally as "drafter:PATH"."""
+    kind, _, arg = spec.partition(":")
+    if kind == "ngram":
+        return ngram_drafter(int(arg or 3))
+    if kind == "layerskip":
+        return layer_skip_drafter(target, parse_layers(arg))
+    return load_drafter(arg if kind == "drafter" else spec)
 
 
 def check_token_ids(token_ids, vocab_size: int) -> np.ndarray:
     ids = np.asarray(token_ids)
     if ids.ndim != 2:
-        raise ValueError(f"token ids must be [batch, seq], got shape {ids.shape}")
+        raise UserError(f"token ids must be [batch, seq], got shape {ids.shape}")
     if not np.issubdtype(ids.dtype, np.integer):
-        raise ValueError(f"token ids must be integers, got {ids.dtype}")
+        raise UserError(f"token ids must be integers, got {ids.dtype}")
     bad = (ids < 0) | (ids >= vocab_size)
     if bad.any():
-        raise ValueError(f"token id {int(ids[bad][0])} is outside the vocabulary [0, {vocab_size})")
+        raise UserError(f"token id {int(ids[bad][0])} is outside the vocabulary [0, {vocab_size})")
     return ids.astype(np.int32)
 
 
-@jax.jit(static_argnames=("config",))
-def _score(params, config, tokens_BxS):
+def forward_logits(params, config: ModelConfig, tokens_BxS):
+    """Logits of a full sequence (positions 0..S-1, a fresh cache of S slots)."""
     B, S = tokens_BxS.shape
-    positions = jnp.broadcast_to(jnp.arange(S), (B, S))
+    positions_BxS = jnp.broadcast_to(jnp.arange(S), (B, S))
     cache = init_cache(config, B, S, params["embed"].dtype)
-    return forward(params, config, tokens_BxS, positions, cache)[0]
+    return forward(params, config, tokens_BxS, positions_BxS, cache)[0]
+
+
+_score = jax.jit(forward_logits, static_argnames="config")
 
 
 def score(model: Model, token_ids) -> np.ndarray:
     """Logits float32 [batch, seq, vocab] of every position of `token_ids` [batch, seq]."""
     ids = check_token_ids(token_ids, model.config.vocab_size)
     if ids.shape[1] > model.config.max_position:
-        raise ValueError(f"sequence of {ids.shape[1]} tokens exceeds the model's "
-                         f"{model.config.max_position} positions")
+        raise UserError(f"sequence of {ids.shape[1]} tokens exceeds the model's "
+                        f"{model.config.max_position} positions")
     return np.asarray(_score(model.params, model.config, jnp.asarray(ids)), np.float32)

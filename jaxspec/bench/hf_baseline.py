@@ -34,7 +34,7 @@ class HFRunner:
 
     def __init__(self, target_name, target, method, chat, stop):
         import jaxspec
-        from jaxspec.decoding.runner import _stop_ids
+        from jaxspec.decoding.runner import stop_ids
 
         self.tok = target.tokenizer
         self.target_model = target
@@ -43,7 +43,7 @@ class HFRunner:
         if method.kind == "hf-assisted":
             self.assistant = _hf_model(method.arg, jaxspec.load(method.arg))
         self.method, self.chat = method, chat
-        self.stop_ids = list(_stop_ids(target, stop))
+        self.stop_ids = list(stop_ids(target, stop))
         self.calls = 0
         self.model.register_forward_pre_hook(self._count)
 

@@ -19,7 +19,9 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterator
+
+from jaxspec.errors import UserError
 
 PathLike = str | os.PathLike[str]
 
@@ -113,7 +115,7 @@ def _jsonl(path: PathLike) -> Iterator[tuple[int, Any]]:
         try:
             yield lineno, json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{lineno}: invalid JSON ({err.msg})") from err
+            raise UserError(f"{path}:{lineno}: invalid JSON ({err.msg})") from err
 
 
 def read_questions(path: PathLike) -> list[dict]:
@@ -123,16 +125,16 @@ def read_questions(path: PathLike) -> list[dict]:
     for lineno, obj in _jsonl(path):
         problem = _question_problem(obj)
         if problem is not None:
-            raise ValueError(f"{path}:{lineno}: {problem}")
+            raise UserError(f"{path}:{lineno}: {problem}")
         qid = obj["question_id"]
         if qid in seen:
-            raise ValueError(
+            raise UserError(
                 f"{path}:{lineno}: duplicate question_id {qid!r} (first on line {seen[qid]})"
             )
         seen[qid] = lineno
         questions.append(obj)
     if not questions:
-        raise ValueError(f"{path}: no questions (file is empty)")
+        raise UserError(f"{path}: no questions (file is empty)")
     return questions
 
 
@@ -157,10 +159,10 @@ def read_answers(path: PathLike) -> list[dict]:
                     stacklevel=2,
                 )
                 break
-            raise ValueError(f"{path}:{lineno}: invalid JSON ({err.msg})") from err
+            raise UserError(f"{path}:{lineno}: invalid JSON ({err.msg})") from err
         problem = _answer_problem(obj)
         if problem is not None:
-            raise ValueError(f"{path}:{lineno}: {problem}")
+            raise UserError(f"{path}:{lineno}: {problem}")
         records.append(obj)
     return records
 
@@ -177,19 +179,6 @@ def _encode(record: dict, where: str) -> str:
     if problem is not None:
         raise ValueError(f"{where}: {problem}")
     return json.dumps(record, ensure_ascii=False) + "\n"
-
-
-def write_answers(path: PathLike, records: Iterable[dict]) -> None:
-    """Write answer records to `path` (replacing it atomically), one JSON object a line."""
-    path = Path(path)
-    lines = [_encode(r, f"record {i}") for i, r in enumerate(records)]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(lines)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _end_previous_line(path: Path) -> None:
@@ -230,6 +219,6 @@ def read_references(path: PathLike) -> dict[Any, str]:
     for lineno, obj in _jsonl(path):
         if not isinstance(obj, dict) or not _is_id(obj.get("question_id")) \
                 or not isinstance(obj.get("reference"), str):
-            raise ValueError(f"{path}:{lineno}: expected {{\"question_id\", \"reference\"}}")
+            raise UserError(f"{path}:{lineno}: expected {{\"question_id\", \"reference\"}}")
         refs[obj["question_id"]] = obj["reference"]
     return refs

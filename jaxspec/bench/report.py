@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from jaxspec.bench.plots import plot_accept_lengths, plot_speedup_vs_gamma, plot_tokens_per_s
 from jaxspec.bench.questions import read_answers
+from jaxspec.errors import UserError
 
 COLUMNS = ("tokens_per_s", "baseline_tokens_per_s", "speedup", "tau", "num_questions")
 
@@ -26,7 +27,7 @@ def question_speed(record: dict) -> float:
     choice = record["choices"][0]
     seconds = sum(choice["wall_time"])
     if seconds <= 0:
-        raise ValueError(f"question {record['question_id']!r}: total wall_time must be positive")
+        raise UserError(f"question {record['question_id']!r}: total wall_time must be positive")
     return sum(choice["new_tokens"]) / seconds
 
 
@@ -35,7 +36,7 @@ def _by_id(records: Sequence[dict], who: str) -> dict[Any, dict]:
     for record in records:
         qid = record["question_id"]
         if qid in out:
-            raise ValueError(f"duplicate question_id {qid!r} in {who} answers")
+            raise UserError(f"duplicate question_id {qid!r} in {who} answers")
         out[qid] = record
     return out
 
@@ -44,7 +45,7 @@ def _stats(baseline: list[dict], method: list[dict]) -> dict[str, float | int]:
     base_speed = statistics.fmean(question_speed(r) for r in baseline)
     speed = statistics.fmean(question_speed(r) for r in method)
     if base_speed == 0:
-        raise ValueError("baseline produced no tokens; speedup is undefined")
+        raise UserError("baseline produced no tokens; speedup is undefined")
     accept = [a for r in method for a in r["choices"][0]["accept_lengths"]]
     return {
         "tokens_per_s": speed,
@@ -67,7 +68,7 @@ def summarize(
     method = _by_id(method_answers, name)
     common = [qid for qid in method if qid in base]
     if not common:
-        raise ValueError(f"{name}: no questions in common with the baseline")
+        raise UserError(f"{name}: no questions in common with the baseline")
     only_base, only_method = len(base) - len(common), len(method) - len(common)
     if only_base or only_method:
         warnings.warn(
@@ -79,7 +80,7 @@ def summarize(
     for qid in common:
         category = method[qid]["category"]
         if base[qid]["category"] != category:
-            raise ValueError(
+            raise UserError(
                 f"{name}: question {qid!r} is {category!r} here but "
                 f"{base[qid]['category']!r} in the baseline"
             )
@@ -96,7 +97,7 @@ def _gamma(records: Sequence[dict], name: str) -> int | None:
     """The method's draft length from the records' optional `gamma` field, None if absent."""
     gammas = {r.get("gamma") for r in records}
     if len(gammas) > 1:
-        raise ValueError(f"{name}: answers mix gamma values {sorted(gammas, key=str)}")
+        raise UserError(f"{name}: answers mix gamma values {sorted(gammas, key=str)}")
     return gammas.pop() if gammas else None
 
 
@@ -162,7 +163,7 @@ def report(
     at least two distinct `gamma` values.
     """
     if baseline not in answer_files:
-        raise ValueError(f"baseline {baseline!r} is not among the methods {list(answer_files)}")
+        raise UserError(f"baseline {baseline!r} is not among the methods {list(answer_files)}")
     answers = {name: read_answers(path) for name, path in answer_files.items()}
     names = [baseline, *(n for n in answers if n != baseline)]
     summaries = {n: summarize(answers[baseline], answers[n], name=n) for n in names}
@@ -191,7 +192,7 @@ def report(
             pairs = [(r["choices"][0]["turns"][0], references[r["question_id"]])
                      for r in answers[n] if r["question_id"] in references]
             if not pairs:
-                raise ValueError(f"no reference matches a question answered by {n!r}")
+                raise UserError(f"no reference matches a question answered by {n!r}")
             scores = chrf_bleu(*zip(*pairs))
             summaries[n]["overall"].update(scores)
             rows.append(f"| {n} | {scores['chrf']:.2f} | {scores['bleu']:.2f} | {len(pairs)} |")

@@ -31,28 +31,19 @@ def _restore_params(ckpts: Path, step: int | None = None):
     return state["state"]["params"]
 
 
-def drafter_at(cfg: dict, target, saved, step: int):
-    """The recipe's drafter after `step` finetuning steps (0: before finetuning, i.e. pretrained
-    when the recipe pretrains, else as initialised); `saved` is its final drafter (config and
-    head vocab ids)."""
-    from jaxspec.loading import Model
-    from jaxspec.training import drafter_init
+def drafter_at(cfg: dict, target, step: int):
+    """(config, params, head vocab ids or None) of the recipe's drafter after `step` finetuning
+    steps (0: before finetuning, i.e. pretrained when the recipe pretrains, else as initialised)."""
+    from jaxspec.training import distill, recipe
 
+    records = distill.read_distilled(cfg["distill"]["out_dir"])
+    config, params, vocab_ids = recipe.init_drafter(
+        cfg, target, [r["prompt_ids"] + r["response_ids"] for r in records])
     if step > 0:
         params = _restore_params(_checkpoints(cfg, "finetune"), step)
     elif _checkpoints(cfg, "pretrain").exists():
         params = _restore_params(_checkpoints(cfg, "pretrain"))
-    else:
-        config, params = drafter_init.from_target(
-            target.config, target.params, int(cfg["drafter"].get("num_layers", 1)))
-        if saved.vocab_ids is not None:
-            config, params = drafter_init.reduce_head(config, params, saved.vocab_ids)
-        return Model(config, params, target.tokenizer, "step0", saved.vocab_ids)
-    return Model(saved.config, params, target.tokenizer, f"step{step}", saved.vocab_ids)
-
-
-def _saved_path(cfg: dict) -> Path:
-    return Path(cfg["train"]["workdir"]) / "drafter"
+    return config, params, vocab_ids
 
 
 def finetune_steps(cfg: dict) -> list[int]:
@@ -80,6 +71,7 @@ def measure(cfg: dict, questions: str, limit: int, gamma: int, max_new_tokens: i
             steps: list[int] | None = None) -> list[dict]:
     import jaxspec
     from jaxspec.bench.questions import read_questions
+    from jaxspec.loading import Model
     from jaxspec.training import recipe
 
     target = recipe.load_target(cfg["target"])
@@ -89,12 +81,12 @@ def measure(cfg: dict, questions: str, limit: int, gamma: int, max_new_tokens: i
     base = [jaxspec.generate(target, [p], max_new_tokens=max_new_tokens, stop=stop)
             for p in prompts]
     base_speed = np.mean([r.tokens_per_s for r in base])
-    saved = jaxspec.load(_saved_path(cfg))
     steps = [0, *(steps or finetune_steps(cfg))]
     tokens = response_tokens(cfg, target.config.pad_token_id, steps)
     rows = []
     for step in steps:
-        drafter = jaxspec.model_drafter(drafter_at(cfg, target, saved, step))
+        config, params, vocab_ids = drafter_at(cfg, target, step)
+        drafter = jaxspec.model_drafter(Model(config, params, name=f"step{step}"), vocab_ids)
         outs = [jaxspec.speculative_generate(target, drafter, [p], gamma=gamma,
                                              max_new_tokens=max_new_tokens, stop=stop)
                 for p in prompts]
@@ -151,13 +143,12 @@ def main(argv=None):
     a = p.parse_args(argv)
     cfg = load_yaml(a.config, a.overrides)
     if a.export:
-        import jaxspec
         from jaxspec.training.drafter_init import save_drafter
         from jaxspec.training.recipe import embed_source, load_target
 
         target = load_target(cfg["target"])
-        d = drafter_at(cfg, target, jaxspec.load(_saved_path(cfg)), int(a.export[0]))
-        save_drafter(a.export[1], d.config, d.params, target.tokenizer, d.vocab_ids,
+        config, params, vocab_ids = drafter_at(cfg, target, int(a.export[0]))
+        save_drafter(a.export[1], config, params, target.tokenizer, vocab_ids,
                      embed_from=embed_source(cfg))
         print(f"wrote {a.export[1]}")
         return

@@ -22,6 +22,7 @@ from typing import Sequence
 from tqdm.auto import tqdm
 
 from jaxspec.bench.questions import append_answer, done_question_ids, read_questions
+from jaxspec.errors import UserError
 
 KINDS = ("ar", "ngram", "layerskip", "drafter", "hf", "hf-assisted")
 SPECULATIVE = ("ngram", "layerskip", "drafter", "hf-assisted")
@@ -47,12 +48,14 @@ def parse_methods(specs: Sequence[str], gammas: Sequence[int],
     for spec in specs:
         kind, _, arg = spec.partition(":")
         if kind not in KINDS:
-            raise ValueError(f"unknown method {spec!r}; methods are {', '.join(KINDS)}")
+            raise UserError(f"unknown method {spec!r}; methods are {', '.join(KINDS)}")
         if kind in ("layerskip", "drafter", "hf-assisted") and not arg:
-            raise ValueError(f"method {kind} needs an argument: {kind}:...")
+            raise UserError(f"method {kind} needs an argument: {kind}:...")
         if kind in ("drafter", "hf-assisted") and not Path(arg).exists():
             raise FileNotFoundError(f"drafter path {arg!r} (method {spec}) does not exist")
         if kind == "layerskip":
+            from jaxspec.loading import parse_layers
+
             parse_layers(arg)
         for t in temperatures:
             for g in (gammas if kind in SPECULATIVE else [0]):
@@ -60,30 +63,14 @@ def parse_methods(specs: Sequence[str], gammas: Sequence[int],
     return out
 
 
-def parse_layers(spec: str) -> list[int]:
-    """"10-19" or "3,5,7" or a mix -> layer indices."""
-    layers = []
-    try:
-        for part in spec.split(","):
-            lo, _, hi = part.partition("-")
-            layers += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
-    except ValueError:
-        raise ValueError(f"bad layer list {spec!r}: use e.g. '10-19' or '3,5,7'") from None
-    return layers
-
-
 class _JaxRunner:
     def __init__(self, target, method: Method, chat: bool, stop):
-        import jaxspec
+        from jaxspec.loading import parse_drafter
 
         self.target, self.method, self.chat, self.stop = target, method, chat, stop
         self.drafter = None
-        if method.kind == "ngram":
-            self.drafter = jaxspec.ngram_drafter(int(method.arg or 3))
-        elif method.kind == "layerskip":
-            self.drafter = jaxspec.layer_skip_drafter(target, parse_layers(method.arg))
-        elif method.kind == "drafter":
-            self.drafter = jaxspec.model_drafter(jaxspec.load(method.arg))
+        if method.kind != "ar":
+            self.drafter = parse_drafter(f"{method.kind}:{method.arg or ''}", target)
 
     def __call__(self, prompt: str, max_new_tokens: int, seed: int):
         import jaxspec

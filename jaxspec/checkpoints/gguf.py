@@ -9,6 +9,7 @@ import numpy as np
 
 from jaxspec.checkpoints import hf
 from jaxspec.config import ModelConfig, RopeScaling
+from jaxspec.errors import UserError
 
 GGUF_MAGIC = b"GGUF"
 # llama.cpp permutes q/k rows of these architectures for its interleaved rope.
@@ -56,7 +57,7 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
-class GGUFError(ValueError):
+class GGUFError(UserError):
     pass
 
 

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from jaxspec.config import ModelConfig, RopeScaling
+from jaxspec.errors import UserError
 
 # jaxspec layer param -> (HF name under model.layers.{i}., kind)
 _LAYER_NAMES = {
@@ -88,7 +89,7 @@ def params_from_hf_state(get, config: ModelConfig, dtype=np.float32, progress=No
         try:
             return np.asarray(get(name), dtype=np.float32)
         except KeyError:
-            raise ValueError(f"checkpoint has no tensor {name!r}") from None
+            raise UserError(f"checkpoint has no tensor {name!r}") from None
 
     names = layer_names(config)
     layers = []
@@ -130,7 +131,7 @@ def _rope_scaling(d: dict | None) -> RopeScaling | None:
         return RopeScaling("llama3", float(d["factor"]), float(d["low_freq_factor"]),
                            float(d["high_freq_factor"]),
                            int(d["original_max_position_embeddings"]))
-    raise ValueError(f"unsupported rope scaling {kind!r}")
+    raise UserError(f"unsupported rope scaling {kind!r}")
 
 
 _LLAMA_TYPES = ("llama", "mistral", "qwen2")
@@ -157,13 +158,13 @@ def config_from_hf(hf: dict) -> ModelConfig:
     rope = hf.get("rope_parameters") or {}
     if mtype in _LLAMA_TYPES:
         if hf.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"unsupported activation {hf['hidden_act']!r} for {mtype}")
+            raise UserError(f"unsupported activation {hf['hidden_act']!r} for {mtype}")
         if mtype == "mistral" and hf.get("sliding_window"):
-            raise ValueError("Mistral checkpoints with a sliding window are not supported")
+            raise UserError("Mistral checkpoints with a sliding window are not supported")
         if mtype != "qwen2" and (hf.get("attention_bias") or hf.get("mlp_bias")):
             # Llama's attention_bias also biases o_proj, mlp_bias the MLP: jaxspec has neither.
-            raise ValueError(f"{mtype} checkpoints with attention_bias or mlp_bias are not "
-                             f"supported (jaxspec biases q/k/v only, as Qwen2 does)")
+            raise UserError(f"{mtype} checkpoints with attention_bias or mlp_bias are not "
+                            f"supported (jaxspec biases q/k/v only, as Qwen2 does)")
         scaling = rope if "rope_type" in rope else hf.get("rope_scaling")
         return ModelConfig(
             arch="llama", head_dim=head_dim, **common,
@@ -181,9 +182,9 @@ def config_from_hf(hf: dict) -> ModelConfig:
             layer_types = tuple("full" if (i + 1) % pattern == 0 else "sliding"
                                 for i in range(hf["num_hidden_layers"]))
         if hf.get("attention_bias"):
-            raise ValueError("Gemma 3 checkpoints with attention_bias are not supported")
+            raise UserError("Gemma 3 checkpoints with attention_bias are not supported")
         if hf.get("final_logit_softcapping") or hf.get("attn_logit_softcapping"):
-            raise ValueError("logit soft-capping is not supported (Gemma 3 does not use it)")
+            raise UserError("logit soft-capping is not supported (Gemma 3 does not use it)")
         return ModelConfig(
             arch="gemma3", head_dim=head_dim, **common,
             rope_theta=float(full.get("rope_theta", hf.get("rope_theta", 1_000_000.0))),
@@ -192,13 +193,13 @@ def config_from_hf(hf: dict) -> ModelConfig:
             sliding_window=hf.get("sliding_window"), layer_types=layer_types,
             query_scale=float(hf.get("query_pre_attn_scalar", head_dim)) ** -0.5,
             tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
-    raise ValueError(f"unknown architecture {mtype!r}: jaxspec loads {_LLAMA_TYPES} and gemma3")
+    raise UserError(f"unknown architecture {mtype!r}: jaxspec loads {_LLAMA_TYPES} and gemma3")
 
 
 def hf_config_from_config(c: ModelConfig) -> dict:
     """ModelConfig -> a config.json that transformers loads as Llama/Gemma3ForCausalLM."""
     if c.head_vocab_size is not None:
-        raise ValueError("a reduced-vocabulary head has no Hugging Face equivalent")
+        raise UserError("a reduced-vocabulary head has no Hugging Face equivalent")
     out = {
         "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
         "num_hidden_layers": c.num_layers, "num_attention_heads": c.num_heads,
@@ -228,8 +229,8 @@ def hf_config_from_config(c: ModelConfig) -> dict:
     # transformers validates query_pre_attn_scalar as an int.
     scalar = (c.query_scale or c.head_dim ** -0.5) ** -2
     if abs(scalar - round(scalar)) > 1e-6 * scalar:
-        raise ValueError(f"query_scale={c.query_scale} is not 1/sqrt of an integer, which "
-                         f"Gemma3's query_pre_attn_scalar must be")
+        raise UserError(f"query_scale={c.query_scale} is not 1/sqrt of an integer, which "
+                        f"Gemma3's query_pre_attn_scalar must be")
     return {**out, "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"],
             "hidden_activation": "gelu_pytorch_tanh", "sliding_window": c.sliding_window,
             "layer_types": ["sliding_attention" if s else "full_attention"

@@ -15,6 +15,7 @@ from pathlib import Path
 import jax
 
 from jaxspec.config import ModelConfig
+from jaxspec.errors import UserError
 from jaxspec.models.params import check_params
 
 FORMAT = 2  # 2: one params dict per layer (1 stacked them)
@@ -34,7 +35,7 @@ def save(path: str | os.PathLike, params: dict, config: ModelConfig, tokenizer=N
 
     dtypes = {str(x.dtype) for x in jax.tree.leaves(params)}
     if len(dtypes) != 1:
-        raise ValueError(f"params mix dtypes {sorted(dtypes)}")
+        raise UserError(f"params mix dtypes {sorted(dtypes)}")
     path = Path(path).absolute()
     tmp = path.with_name(path.name + ".tmp")
     lead = jax.process_index() == 0
@@ -62,9 +63,9 @@ def read_meta(path: str | os.PathLike) -> dict:
     try:
         meta = json.loads(marker.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path} is not a readable jaxspec checkpoint: {e}") from e
+        raise UserError(f"{path} is not a readable jaxspec checkpoint: {e}") from e
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{path}: checkpoint format {meta.get('format')} is not {FORMAT}")
+        raise UserError(f"{path}: checkpoint format {meta.get('format')} is not {FORMAT}")
     return meta
 
 
@@ -93,7 +94,7 @@ def restore(path: str | os.PathLike, dtype=None, shardings=None):
         try:
             params = ckptr.restore(path / "params", abstract)
         except Exception as e:
-            raise ValueError(f"{path}: cannot restore params: {e}") from e
+            raise UserError(f"{path}: cannot restore params: {e}") from e
     if not meta.get("embed_from"):
         check_params(params, config)
     if dtype is not None:

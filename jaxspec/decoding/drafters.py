@@ -3,9 +3,10 @@
 A `Drafter` pairs a static, hashable `spec` (how to draft) with a `params` pytree (what it drafts
 with). Every spec implements
 
-    init(params, tokens_BxP, max_len) -> state          # prefill; state is a pytree
+    validate(params, target) -> None                    # raises UserError if it cannot serve
+    init(params, tokens_BxT, lengths_B) -> state        # prefill; state is a pytree
     propose(params, state, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size)
-        -> draft_BxG, q_BxGxV (None when greedy), state
+        -> draft_BxG, q (a DraftProbs; None when greedy), state
 
 `tokens_BxT` holds each row's text so far in its first `lengths_B` slots. A drafter's cache must
 hold positions [0, length - 2) on entry; on exit it may hold more, since the caller rolls back by
@@ -23,9 +24,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.sampling import Sampling, pick
+from jaxspec.decoding.sampling import DraftProbs, Sampling, pick
+from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache
-from jaxspec.models.transformer import forward
+from jaxspec.models.transformer import fill_cache, forward
 
 
 @flax.struct.dataclass
@@ -46,21 +48,34 @@ class ModelSpec:
     layers: tuple[int, ...] | None = None
     subset_vocab: bool = False
 
-    def init(self, params, tokens_BxP, max_len):
-        B, P = tokens_BxP.shape
-        n_layers = len(self.layers) if self.layers is not None else None
-        cache = init_cache(self.config, B, max_len, params["model"]["embed"].dtype, n_layers)
-        positions = jnp.broadcast_to(jnp.arange(P), (B, P))
-        return forward(params["model"], self.config, tokens_BxP, positions, cache, self.layers)[1]
-
-    def _pick(self, params, key, logits_BxV, sampling: Sampling, vocab_size: int):
-        """Draft token [B] and its full-vocabulary distribution [B, V] (None when greedy)."""
+    def validate(self, params, target) -> None:
+        """Refuse a head whose ids would mean other tokens than the target's."""
+        tv, dv = target.config.vocab_size, self.config.vocab_size
         if self.subset_vocab:
-            idx, q_sub = pick(key, logits_BxV, sampling)
-            ids = params["vocab_ids"]
-            q = None if q_sub is None else jnp.zeros(
-                (logits_BxV.shape[0], vocab_size), jnp.float32).at[:, ids].set(q_sub)
-            return ids[idx], q
+            ids = np.asarray(params["vocab_ids"])
+            if ids.min() < 0 or ids.max() >= tv:
+                raise UserError(f"drafter vocab_ids reach {ids.max()}, target vocabulary is {tv}")
+            return
+        if tv == dv:
+            return
+        # Heads that differ only by padding past the tokenizer's real vocabulary are accepted.
+        real = len(target.tokenizer) if target.tokenizer is not None else None
+        if real is None or min(tv, dv) < real:
+            raise UserError(f"drafter vocabulary ({dv}) does not match the target's ({tv})")
+
+    def init(self, params, tokens_BxT, lengths_B):
+        B, T = tokens_BxT.shape
+        n_layers = len(self.layers) if self.layers is not None else None
+        cache = init_cache(self.config, B, T, num_layers=n_layers)
+        return fill_cache(params["model"], self.config, tokens_BxT, lengths_B, cache, self.layers)
+
+    def _pick(self, params, key, logits_BxK, sampling: Sampling, vocab_size: int):
+        """Draft token [B] and the distribution it was drawn from [B, K] (None when greedy): K
+        is the head's vocabulary for a subset head (at params["vocab_ids"]), else the target's."""
+        if self.subset_vocab:
+            idx_B, q_BxK = pick(key, logits_BxK, sampling)
+            return params["vocab_ids"][idx_B], q_BxK
+        logits_BxV = logits_BxK
         V = logits_BxV.shape[-1]
         if V > vocab_size:  # padded head: ids past the target's vocabulary are never drafted
             logits_BxV = logits_BxV[:, :vocab_size]
@@ -76,26 +91,30 @@ class ModelSpec:
         # every draft of the previous step was accepted.
         pos_Bx2 = jnp.stack([jnp.maximum(lengths_B - 2, 0), lengths_B - 1], axis=1)
         toks_Bx2 = tokens_BxT[rows[:, None], pos_Bx2]
-        logits, cache = forward(params["model"], self.config, toks_Bx2, pos_Bx2, cache,
-                                self.layers)
+        logits_Bx2xK, cache = forward(params["model"], self.config, toks_Bx2, pos_Bx2, cache,
+                                      self.layers)
         keys = jax.random.split(key, gamma)
-        tok, q = self._pick(params, keys[0], logits[:, -1], sampling, vocab_size)
+        tok_B, q_BxK = self._pick(params, keys[0], logits_Bx2xK[:, -1], sampling, vocab_size)
 
         def step(carry, xs):
             tok_B, cache = carry
             i, k = xs
             pos_Bx1 = (lengths_B + i)[:, None]
-            logits, cache = forward(params["model"], self.config, tok_B[:, None], pos_Bx1, cache,
-                                    self.layers)
-            nxt, q = self._pick(params, k, logits[:, 0], sampling, vocab_size)
-            return (nxt, cache), (nxt, q)
+            logits_Bx1xK, cache = forward(params["model"], self.config, tok_B[:, None], pos_Bx1,
+                                          cache, self.layers)
+            nxt_B, q_nxt_BxK = self._pick(params, k, logits_Bx1xK[:, 0], sampling, vocab_size)
+            return (nxt_B, cache), (nxt_B, q_nxt_BxK)
 
-        (_, cache), (rest_GxB, rest_q) = jax.lax.scan(
-            step, (tok, cache), (jnp.arange(gamma - 1), keys[1:]))
-        draft_BxG = jnp.concatenate([tok[:, None], rest_GxB.T], axis=1)
-        q_BxGxV = None if q is None else jnp.concatenate(
-            [q[:, None], jnp.swapaxes(rest_q, 0, 1)], axis=1)
-        return draft_BxG, q_BxGxV, cache
+        # R = gamma - 1: the drafts after the first.
+        (_, cache), (rest_RxB, rest_q_RxBxK) = jax.lax.scan(
+            step, (tok_B, cache), (jnp.arange(gamma - 1), keys[1:]))
+        draft_BxG = jnp.concatenate([tok_B[:, None], rest_RxB.T], axis=1)
+        if q_BxK is None:
+            return draft_BxG, None, cache
+        q_BxGxK = jnp.concatenate([q_BxK[:, None], jnp.swapaxes(rest_q_RxBxK, 0, 1)], axis=1)
+        ids_BxGxK = (jnp.broadcast_to(params["vocab_ids"], q_BxGxK.shape) if self.subset_vocab
+                     else None)
+        return draft_BxG, DraftProbs(q_BxGxK, ids_BxGxK), cache
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +125,10 @@ class NgramSpec:
 
     max_ngram: int = 3
 
-    def init(self, params, tokens_BxP, max_len):
+    def validate(self, params, target) -> None:
+        """Nothing to check: the drafts are tokens of the text itself."""
+
+    def init(self, params, tokens_BxT, lengths_B):
         return ()
 
     def propose(self, params, state, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size):
@@ -131,23 +153,24 @@ class NgramSpec:
                             jnp.minimum(src_BxG, lengths_B[:, None] - 1),
                             (lengths_B - 1)[:, None])
         draft_BxG = jnp.take_along_axis(tokens_BxT, src_BxG, axis=1)
-        q = None if sampling.greedy else jax.nn.one_hot(draft_BxG, vocab_size, dtype=jnp.float32)
+        q = None if sampling.greedy else DraftProbs(jnp.ones((B, gamma, 1)), draft_BxG[..., None])
         return draft_BxG, q, state
 
 
 def model_drafter(model, vocab_ids=None) -> Drafter:
-    """A separate jaxspec model as drafter; `vocab_ids` [head_vocab] when its head is a subset."""
-    vocab_ids = vocab_ids if vocab_ids is not None else getattr(model, "vocab_ids", None)
+    """A separate jaxspec model as drafter; `vocab_ids` [head_vocab] when its head is a subset
+    (`loading.load_drafter` reads them from a saved drafter)."""
     subset = model.config.head_vocab_size is not None
     if subset != (vocab_ids is not None):
-        raise ValueError("a drafter with a reduced head needs vocab_ids (head index -> token id), "
-                         "and only such a drafter takes them")
+        raise UserError("a drafter with a reduced head needs vocab_ids (head index -> token id; "
+                        "jaxspec.load_drafter reads them from its checkpoint), and only such a "
+                        "drafter takes them")
     params = {"model": model.params}
     if subset:
         vocab_ids = np.asarray(vocab_ids, np.int32)
         if vocab_ids.shape != (model.config.head_vocab_size,):
-            raise ValueError(f"vocab_ids has shape {vocab_ids.shape}, head has "
-                             f"{model.config.head_vocab_size} entries")
+            raise UserError(f"vocab_ids has shape {vocab_ids.shape}, head has "
+                            f"{model.config.head_vocab_size} entries")
         params["vocab_ids"] = jnp.asarray(vocab_ids)
     return Drafter(params, ModelSpec(model.config, None, subset), model.name or "model")
 
@@ -158,10 +181,10 @@ def layer_skip_drafter(model, skip_layers) -> Drafter:
     skip = set(int(i) for i in skip_layers)
     n = model.config.num_layers
     if any(not 0 <= i < n for i in skip):
-        raise ValueError(f"skip_layers {sorted(skip)} out of range for {n} layers")
+        raise UserError(f"skip_layers {sorted(skip)} out of range for {n} layers")
     keep = tuple(i for i in range(n) if i not in skip)
     if not keep:
-        raise ValueError("layer_skip_drafter would skip every layer")
+        raise UserError("layer_skip_drafter would skip every layer")
     return Drafter({"model": model.params}, ModelSpec(model.config, keep),
                    f"layer-skip({len(skip)}/{n})")
 
@@ -169,7 +192,7 @@ def layer_skip_drafter(model, skip_layers) -> Drafter:
 def ngram_drafter(max_ngram: int = 3) -> Drafter:
     """Prompt lookup drafting over the prompt and the text generated so far."""
     if max_ngram < 1:
-        raise ValueError(f"max_ngram must be >= 1, got {max_ngram}")
+        raise UserError(f"max_ngram must be >= 1, got {max_ngram}")
     return Drafter({}, NgramSpec(max_ngram), f"ngram({max_ngram})")
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
+import os
 import time
 from typing import Sequence
 
@@ -12,12 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.decoding import speculative
-from jaxspec.decoding.drafters import Drafter, ModelSpec, as_drafter
+from jaxspec.decoding.drafters import as_drafter
 from jaxspec.decoding.sampling import Sampling
-from jaxspec.loading import check_token_ids
+from jaxspec.errors import UserError
+from jaxspec.loading import cache_root, check_token_ids
 
-_PROMPT_BUCKET_MIN = 16
-_CACHE_BUCKET = 128
+_CACHE_MIN = 256
 
 
 @dataclasses.dataclass
@@ -50,16 +52,16 @@ def encode_prompts(model, prompts, chat: bool) -> list[list[int]]:
             prompts and isinstance(prompts[0], (int, np.integer))):
         prompts = [prompts]
     if not prompts:
-        raise ValueError("no prompts given")
+        raise UserError("no prompts given")
     out = []
     for p in prompts:
         if isinstance(p, str):
             tok = model.tokenizer
             if tok is None:
-                raise ValueError("string prompts need a model with a tokenizer; pass token ids")
+                raise UserError("string prompts need a model with a tokenizer; pass token ids")
             if chat:
                 if not getattr(tok, "chat_template", None):
-                    raise ValueError("chat=True, but the tokenizer has no chat template")
+                    raise UserError("chat=True, but the tokenizer has no chat template")
                 ids = tok.apply_chat_template([{"role": "user", "content": p}],
                                               add_generation_prompt=True, tokenize=True)
                 ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
@@ -68,15 +70,16 @@ def encode_prompts(model, prompts, chat: bool) -> list[list[int]]:
         else:
             arr = np.asarray(p)
             if arr.size and not np.issubdtype(arr.dtype, np.integer):
-                raise ValueError(f"token id prompts must be integers, got {arr.dtype}")
+                raise UserError(f"token id prompts must be integers, got {arr.dtype}")
             ids = [int(t) for t in arr.reshape(-1)]
         if not ids:
-            raise ValueError("empty prompt")
+            raise UserError("empty prompt")
         out.append(list(ids))
     return out
 
 
-def _stop_ids(model, stop) -> tuple[int, ...]:
+def stop_ids(model, stop) -> tuple[int, ...]:
+    """The model's end-of-sequence ids and `stop` (single-token strings or ids), sorted."""
     ids = set(model.config.eos_token_ids)
     tok = model.tokenizer
     if tok is not None and tok.eos_token_id is not None:
@@ -85,8 +88,8 @@ def _stop_ids(model, stop) -> tuple[int, ...]:
         if isinstance(s, str):
             enc = tok.encode(s, add_special_tokens=False) if tok is not None else []
             if len(enc) != 1:
-                raise ValueError(f"stop string {s!r} is {len(enc)} tokens; stops must be single "
-                                 f"tokens (pass ids for several)")
+                raise UserError(f"stop string {s!r} is {len(enc)} tokens; stops must be single "
+                                f"tokens (pass ids for several)")
             ids.add(enc[0])
         else:
             ids.add(int(s))
@@ -100,93 +103,116 @@ def _check_tokenizers(target, drafter_model) -> None:
         return
     probe = sorted({0, 1, 2, len(t) // 2, len(t) - 1})
     if len(t) != len(d) or t.convert_ids_to_tokens(probe) != d.convert_ids_to_tokens(probe):
-        raise ValueError(f"the drafter's tokenizer ({len(d)} tokens) differs from the target's "
-                         f"({len(t)} tokens): its drafts would mean other tokens")
+        raise UserError(f"the drafter's tokenizer ({len(d)} tokens) differs from the target's "
+                        f"({len(t)} tokens): its drafts would mean other tokens")
 
 
-def _check_vocab(target, drafter: Drafter):
-    spec = drafter.spec
-    if not isinstance(spec, ModelSpec) or spec.layers is not None:
+def _check_gamma(gamma, drafter) -> None:
+    if not isinstance(gamma, (int, np.integer)) or isinstance(gamma, bool):
+        raise UserError(f"gamma must be an int, got {gamma!r}")
+    if gamma < 0 or (drafter is not None and gamma < 1):
+        raise UserError(f"gamma must be >= 1 with a drafter, got {gamma}")
+
+
+def _budgets(max_new_tokens, B: int) -> np.ndarray:
+    """max_new_tokens (one int, or one per prompt) as an int array [B]."""
+    max_new = np.asarray(max_new_tokens)
+    if not np.issubdtype(max_new.dtype, np.integer):
+        raise UserError(f"max_new_tokens must be ints, got {max_new_tokens!r}")
+    if max_new.ndim > 1 or (max_new.ndim == 1 and len(max_new) != B):
+        raise UserError(f"max_new_tokens has {max_new.size} entries for {B} prompts")
+    if (max_new < 1).any():
+        raise UserError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    return np.broadcast_to(max_new, (B,))
+
+
+def cache_len(lengths, max_new, gamma: int, max_position: int) -> int:
+    """Cache slots for these prompts and budgets: a power of two, at least _CACHE_MIN, so most
+    calls share one compiled shape (attention over unused slots is cheap next to the weights)."""
+    need = int((lengths + max_new).max()) + gamma + 1
+    if need > max_position:
+        raise UserError(f"prompt ({lengths.max()} tokens) + max_new_tokens ({max_new.max()}) "
+                        f"+ gamma + 1 = {need} exceeds the model's {max_position} positions")
+    return min(_bucket(need, _CACHE_MIN), max_position)
+
+
+def _pad_batch(ids, max_new, T: int, pad_id: int):
+    """Rows padded to a power-of-two batch: tokens [Bp, T], lengths [Bp], budgets [Bp] (padded
+    rows have budget 0, so they start done)."""
+    B = len(ids)
+    Bp = _bucket(B, 1)
+    tokens = np.full((Bp, T), pad_id, np.int32)
+    for b, row in enumerate(ids):
+        tokens[b, :len(row)] = row
+    lengths = np.array([len(r) for r in ids] + [1] * (Bp - B), np.int32)
+    budgets = np.concatenate([max_new, np.zeros(Bp - B, np.int64)]).astype(np.int32)
+    return tokens, lengths, budgets
+
+
+def _use_compilation_cache() -> None:
+    """JAX's persistent compilation cache under the jaxspec cache directory, so a new process
+    finds its executables on disk; off with JAXSPEC_COMPILATION_CACHE=0, and a directory the user
+    configured is kept."""
+    if os.environ.get("JAXSPEC_COMPILATION_CACHE", "1") == "0":
         return
-    tv, dv = target.config.vocab_size, spec.config.vocab_size
-    if spec.subset_vocab:
-        ids = np.asarray(drafter.params["vocab_ids"])
-        if ids.min() < 0 or ids.max() >= tv:
-            raise ValueError(f"drafter vocab_ids reach {ids.max()}, target vocabulary is {tv}")
-        return
-    if tv == dv:
-        return
-    # Heads that differ only by padding past the tokenizer's real vocabulary are accepted.
-    real = len(target.tokenizer) if target.tokenizer is not None else None
-    if real is None or min(tv, dv) < real:
-        raise ValueError(f"drafter vocabulary ({dv}) does not match the target's ({tv})")
+    if jax.config.jax_compilation_cache_dir is None:
+        jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
 
 
 class Decoder:
-    """Compiles and caches one function per static setting and shape bucket."""
+    """Compiles one function per static setting and shape bucket; keeps the `max_size` most
+    recently used. `compiles` counts executables built (or read from the persistent cache)."""
 
-    def __init__(self):
-        self._compiled = {}
+    def __init__(self, max_size: int = 32):
+        self._compiled: collections.OrderedDict = collections.OrderedDict()
+        self.max_size = max_size
+        self.compiles = 0
+
+    def _executable(self, statics: dict, args):
+        key = (tuple(sorted(statics.items(), key=lambda kv: kv[0])), jax.tree.structure(args),
+               tuple((a.shape, a.dtype) for a in jax.tree.leaves(args)))
+        if key in self._compiled:
+            self._compiled.move_to_end(key)
+            return self._compiled[key]
+        _use_compilation_cache()
+        fn = jax.jit(speculative.run, static_argnames=tuple(statics))
+        self._compiled[key] = fn.lower(*args, **statics).compile()
+        self.compiles += 1
+        if len(self._compiled) > self.max_size:
+            self._compiled.popitem(last=False)
+        return self._compiled[key]
 
     def __call__(self, target, drafter, prompts, *, gamma, max_new_tokens, sampling, seed, stop,
                  chat) -> GenerationResult:
-        if not isinstance(gamma, (int, np.integer)) or isinstance(gamma, bool):
-            raise ValueError(f"gamma must be an int, got {gamma!r}")
-        if gamma < 0 or (drafter is not None and gamma < 1):
-            raise ValueError(f"gamma must be >= 1 with a drafter, got {gamma}")
+        _check_gamma(gamma, drafter)
         ids = encode_prompts(target, prompts, chat)
-        B = len(ids)
-        max_new = np.asarray(max_new_tokens)
-        if not np.issubdtype(max_new.dtype, np.integer):
-            raise ValueError(f"max_new_tokens must be ints, got {max_new_tokens!r}")
-        if max_new.ndim > 1 or (max_new.ndim == 1 and len(max_new) != B):
-            raise ValueError(f"max_new_tokens has {max_new.size} entries for {B} prompts")
-        max_new = np.broadcast_to(max_new, (B,))
-        if (max_new < 1).any():
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         for row in ids:
             check_token_ids([row], target.config.vocab_size)
+        max_new = _budgets(max_new_tokens, len(ids))
         lengths = np.array([len(r) for r in ids])
-        need = int((lengths + max_new).max()) + gamma + 1
-        if need > target.config.max_position:
-            raise ValueError(f"prompt ({lengths.max()} tokens) + max_new_tokens "
-                             f"({max_new.max()}) + gamma + 1 = {need} exceeds the model's "
-                             f"{target.config.max_position} positions")
-        T = min(-(-need // _CACHE_BUCKET) * _CACHE_BUCKET, target.config.max_position)
-        # Capped by the cache (>= need), not by need itself, which varies call to call.
-        prefill_len = min(_bucket(int(lengths.max()), _PROMPT_BUCKET_MIN), T)
-        Bp = _bucket(B, 1)
-        tokens = np.full((Bp, T), target.config.pad_token_id, np.int32)
-        for b, row in enumerate(ids):
-            tokens[b, :len(row)] = row
-        lengths_p = np.concatenate([lengths, np.ones(Bp - B, np.int64)]).astype(np.int32)
-        max_new_p = np.concatenate([max_new, np.zeros(Bp - B, np.int64)]).astype(np.int32)
-
+        T = cache_len(lengths, max_new, gamma, target.config.max_position)
+        tokens, lengths_p, max_new_p = _pad_batch(ids, max_new, T, target.config.pad_token_id)
         if drafter is not None:
             _check_tokenizers(target, drafter)
             drafter = as_drafter(drafter)
-            _check_vocab(target, drafter)
-        statics = dict(config=target.config, prefill_len=prefill_len, gamma=gamma,
-                       sampling=sampling, stop_ids=_stop_ids(target, stop))
+            drafter.spec.validate(drafter.params, target)
+        statics = dict(config=target.config, gamma=gamma, sampling=sampling,
+                       stop_ids=stop_ids(target, stop))
         args = (target.params, drafter, jnp.asarray(tokens), jnp.asarray(lengths_p),
                 jnp.asarray(max_new_p), jax.random.key(seed))
-        key = (tuple(sorted(statics.items(), key=lambda kv: kv[0])),
-               jax.tree.structure(args), tuple((a.shape, a.dtype) for a in jax.tree.leaves(args)))
         t0 = time.perf_counter()
-        if key not in self._compiled:
-            fn = jax.jit(speculative.run, static_argnames=tuple(statics))
-            self._compiled[key] = fn.lower(*args, **statics).compile()
+        run = self._executable(statics, args)
         compile_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        state = jax.block_until_ready(self._compiled[key](*args))
+        state = jax.block_until_ready(run(*args))
         wall = time.perf_counter() - t0
-        return _result(target, state, B, gamma, wall, compile_s)
+        return _result(target, state, len(ids), gamma, wall, compile_s)
 
 
 def _result(target, state, B, gamma, wall, compile_s) -> GenerationResult:
     tokens, lengths, prompt_lengths, steps, gained = jax.device_get(
         (state.tokens_BxT, state.lengths_B, state.prompt_lengths_B, state.steps_B,
-         state.gained_BxT))
+         state.gained_BxN))
     token_ids = [tokens[b, prompt_lengths[b]:lengths[b]].tolist() for b in range(B)]
     accept = [gained[b, :steps[b]].tolist() for b in range(B)]
     flat = [a for row in accept for a in row]

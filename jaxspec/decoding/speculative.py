@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.sampling import Sampling, probs
+from jaxspec.decoding.sampling import DraftProbs, Sampling, probs
 from jaxspec.models.cache import KVCache, init_cache
-from jaxspec.models.transformer import forward
+from jaxspec.models.transformer import fill_cache, forward
 
 
 @flax.struct.dataclass
@@ -29,7 +29,7 @@ class DecodeState:
     drafter_state: Any
     key: jnp.ndarray
     steps_B: jnp.ndarray  # verification steps taken per row
-    gained_BxT: jnp.ndarray  # tokens gained at each step (accepted drafts + 1)
+    gained_BxN: jnp.ndarray  # tokens gained at step n (accepted drafts + 1); N = T bounds steps
 
     @property
     def new_tokens_B(self):
@@ -37,37 +37,36 @@ class DecodeState:
 
 
 def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_lengths_B,
-            max_new_B, key, prefill_len: int) -> DecodeState:
-    """Fill both caches with the prompts' first `prefill_len` slots (right padding is harmless:
-    padded slots are overwritten before any query can read them)."""
+            max_new_B, key) -> DecodeState:
+    """Fill both caches with each row's prompt (`fill_cache`: fixed-size chunks, so the prompt
+    length never changes compiled shapes)."""
     B, T = tokens_BxT.shape
-    prompt_BxP = tokens_BxT[:, :prefill_len]
-    positions = jnp.broadcast_to(jnp.arange(prefill_len), (B, prefill_len))
-    cache = init_cache(config, B, T, target_params["embed"].dtype)
-    _, cache = forward(target_params, config, prompt_BxP, positions, cache)
-    dstate = drafter.spec.init(drafter.params, prompt_BxP, T) if drafter is not None else ()
+    cache = fill_cache(target_params, config, tokens_BxT, prompt_lengths_B,
+                       init_cache(config, B, T))
+    dstate = (drafter.spec.init(drafter.params, tokens_BxT, prompt_lengths_B)
+              if drafter is not None else ())
     return DecodeState(
         tokens_BxT=tokens_BxT, lengths_B=prompt_lengths_B, prompt_lengths_B=prompt_lengths_B,
         max_new_B=max_new_B, done_B=max_new_B <= 0, target_cache=cache, drafter_state=dstate,
-        key=key, steps_B=jnp.zeros((B,), jnp.int32), gained_BxT=jnp.zeros((B, T), jnp.int32))
+        key=key, steps_B=jnp.zeros((B,), jnp.int32), gained_BxN=jnp.zeros((B, T), jnp.int32))
 
 
 def verify(target_params, config, state: DecodeState, draft_BxG):
     """Target logits [B, G+1, V] for the last token and the drafts, in one call."""
     B, G = draft_BxG.shape
     last_Bx1 = jnp.take_along_axis(state.tokens_BxT, (state.lengths_B - 1)[:, None], axis=1)
-    feed = jnp.concatenate([last_Bx1, draft_BxG], axis=1)
-    positions = state.lengths_B[:, None] - 1 + jnp.arange(G + 1)
-    return forward(target_params, config, feed, positions, state.target_cache)
+    feed_BxG1 = jnp.concatenate([last_Bx1, draft_BxG], axis=1)
+    positions_BxG1 = state.lengths_B[:, None] - 1 + jnp.arange(G + 1)
+    return forward(target_params, config, feed_BxG1, positions_BxG1, state.target_cache)
 
 
-def accept(key, logits_BxG1xV, draft_BxG, q_BxGxV, sampling: Sampling):
+def accept(key, logits_BxG1xV, draft_BxG, q: DraftProbs | None, sampling: Sampling):
     """(n_accepted [B], emitted [B, G+1]): row b emits emitted[b, :n_accepted[b] + 1].
 
     Greedy: the longest prefix of drafts equal to the target's argmax, then the target's token.
     Sampling (Leviathan et al. 2023; Chen et al. 2023): accept draft i with probability
     min(1, p_i/q_i); at the first rejection draw from normalize(max(p - q, 0)); if all are
-    accepted draw a bonus token from p.
+    accepted draw a bonus token from p. `q` is None when greedy.
     """
     B, G = draft_BxG.shape
     k_accept, k_fix = jax.random.split(key)
@@ -77,25 +76,20 @@ def accept(key, logits_BxG1xV, draft_BxG, q_BxGxV, sampling: Sampling):
         n_B = jnp.sum(jnp.cumprod(ok_BxG, axis=1), axis=1)
         return n_B, target_BxG1
     p_BxG1xV = probs(logits_BxG1xV, sampling)
+    n_B = jnp.zeros((B,), jnp.int32)
     if G:
-        p_draft = jnp.take_along_axis(p_BxG1xV[:, :G], draft_BxG[..., None], axis=-1)[..., 0]
-        q_draft = jnp.take_along_axis(q_BxGxV, draft_BxG[..., None], axis=-1)[..., 0]
+        p_draft_BxG = jnp.take_along_axis(p_BxG1xV[:, :G], draft_BxG[..., None], axis=-1)[..., 0]
         u_BxG = jax.random.uniform(k_accept, (B, G))
-        ok_BxG = u_BxG * q_draft < p_draft
+        ok_BxG = u_BxG * q.of(draft_BxG) < p_draft_BxG
         n_B = jnp.sum(jnp.cumprod(ok_BxG, axis=1), axis=1)
-        residual = jnp.maximum(p_BxG1xV[:, :G] - q_BxGxV, 0.0)
-        residual_BxG1xV = jnp.concatenate([residual, p_BxG1xV[:, G:]], axis=1)
-    else:
-        n_B = jnp.zeros((B,), jnp.int32)
-        residual_BxG1xV = p_BxG1xV
-    r_BxV = jnp.take_along_axis(residual_BxG1xV, n_B[:, None, None], axis=1)[:, 0]
-    p_n_BxV = jnp.take_along_axis(p_BxG1xV, n_B[:, None, None], axis=1)[:, 0]
+    p_n_BxV = p_BxG1xV[jnp.arange(B), n_B]
+    r_BxV = q.residual(p_n_BxV, n_B) if G else p_n_BxV
     mass_Bx1 = jnp.sum(r_BxV, axis=-1, keepdims=True)
     r_BxV = jnp.where(mass_Bx1 > 0, r_BxV / jnp.maximum(mass_Bx1, 1e-30), p_n_BxV)
     fix_B = jax.random.categorical(k_fix, jnp.log(r_BxV), axis=-1).astype(jnp.int32)
-    padded = jnp.concatenate([draft_BxG, jnp.zeros((B, 1), jnp.int32)], axis=1)
-    emitted = jnp.where(jnp.arange(G + 1) == n_B[:, None], fix_B[:, None], padded)
-    return n_B, emitted
+    padded_BxG1 = jnp.concatenate([draft_BxG, jnp.zeros((B, 1), jnp.int32)], axis=1)
+    emitted_BxG1 = jnp.where(jnp.arange(G + 1) == n_B[:, None], fix_B[:, None], padded_BxG1)
+    return n_B, emitted_BxG1
 
 
 def advance(state: DecodeState, n_B, emitted_BxG1, stop_ids, target_cache, drafter_state,
@@ -106,26 +100,27 @@ def advance(state: DecodeState, n_B, emitted_BxG1, stop_ids, target_cache, draft
     i_G1 = jnp.arange(G1)
     gained_B = n_B + 1
     if stop_ids:
-        is_stop = jnp.isin(emitted_BxG1, jnp.asarray(stop_ids)) & (i_G1 < gained_B[:, None])
-        hit_B = jnp.any(is_stop, axis=1)
-        gained_B = jnp.where(hit_B, jnp.argmax(is_stop, axis=1) + 1, gained_B)
+        stop_BxG1 = jnp.isin(emitted_BxG1, jnp.asarray(stop_ids)) & (i_G1 < gained_B[:, None])
+        hit_B = jnp.any(stop_BxG1, axis=1)
+        gained_B = jnp.where(hit_B, jnp.argmax(stop_BxG1, axis=1) + 1, gained_B)
     else:
         hit_B = jnp.zeros((B,), bool)
     budget_B = state.max_new_B - state.new_tokens_B
     hit_B &= gained_B <= budget_B
     gained_B = jnp.where(state.done_B, 0, jnp.minimum(gained_B, budget_B))
-    rows = jnp.arange(B)[:, None]
-    slots = jnp.where(i_G1 < gained_B[:, None], state.lengths_B[:, None] + i_G1, T)
-    tokens = state.tokens_BxT.at[rows, slots].set(emitted_BxG1, mode="drop")
-    lengths = state.lengths_B + gained_B
-    step_slot = jnp.where(state.done_B, T, state.steps_B)
-    gained_log = state.gained_BxT.at[jnp.arange(B), step_slot].set(gained_B, mode="drop")
+    rows_Bx1 = jnp.arange(B)[:, None]
+    slots_BxG1 = jnp.where(i_G1 < gained_B[:, None], state.lengths_B[:, None] + i_G1, T)
+    tokens_BxT = state.tokens_BxT.at[rows_Bx1, slots_BxG1].set(emitted_BxG1, mode="drop")
+    lengths_B = state.lengths_B + gained_B
+    step_B = jnp.where(state.done_B, T, state.steps_B)  # finished rows log nothing
+    gained_BxN = state.gained_BxN.at[jnp.arange(B), step_B].set(gained_B, mode="drop")
     # Another step writes up to G1 slots past the length: stop when the cache cannot take it.
-    full_B = lengths + G1 > T
-    done = state.done_B | hit_B | (lengths - state.prompt_lengths_B >= state.max_new_B) | full_B
-    return state.replace(tokens_BxT=tokens, lengths_B=lengths, done_B=done,
+    full_B = lengths_B + G1 > T
+    done_B = (state.done_B | hit_B | (lengths_B - state.prompt_lengths_B >= state.max_new_B)
+              | full_B)
+    return state.replace(tokens_BxT=tokens_BxT, lengths_B=lengths_B, done_B=done_B,
                          target_cache=target_cache, drafter_state=drafter_state, key=key,
-                         steps_B=state.steps_B + (~state.done_B), gained_BxT=gained_log)
+                         steps_B=state.steps_B + (~state.done_B), gained_BxN=gained_BxN)
 
 
 def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState, *,
@@ -136,25 +131,24 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
     def body(state: DecodeState) -> DecodeState:
         key, k_draft, k_accept = jax.random.split(state.key, 3)
         if gamma:
-            draft_BxG, q_BxGxV, dstate = drafter.spec.propose(
+            draft_BxG, q, dstate = drafter.spec.propose(
                 drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B, k_draft,
                 sampling, gamma, vocab)
         else:
             B = state.tokens_BxT.shape[0]
-            draft_BxG, q_BxGxV, dstate = jnp.zeros((B, 0), jnp.int32), None, state.drafter_state
-        logits, cache = verify(target_params, config, state, draft_BxG)
-        n_B, emitted = accept(k_accept, logits, draft_BxG, q_BxGxV, sampling)
-        return advance(state, n_B, emitted, stop_ids, cache, dstate, key)
+            draft_BxG, q, dstate = jnp.zeros((B, 0), jnp.int32), None, state.drafter_state
+        logits_BxG1xV, cache = verify(target_params, config, state, draft_BxG)
+        n_B, emitted_BxG1 = accept(k_accept, logits_BxG1xV, draft_BxG, q, sampling)
+        return advance(state, n_B, emitted_BxG1, stop_ids, cache, dstate, key)
 
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done_B), body, state)
 
 
 def run(target_params, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key, *,
-        config: ModelConfig, prefill_len: int, gamma: int, sampling: Sampling,
+        config: ModelConfig, gamma: int, sampling: Sampling,
         stop_ids: tuple[int, ...]) -> DecodeState:
     """Prefill and decode; jit this with everything after `*` static."""
-    state = prefill(target_params, config, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key,
-                    prefill_len)
+    state = prefill(target_params, config, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key)
     return decode_loop(target_params, config, drafter, state, gamma=gamma, sampling=sampling,
                        stop_ids=stop_ids)
 

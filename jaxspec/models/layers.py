@@ -1,4 +1,5 @@
-"""Building blocks: RMS norm, rotary embedding, attention over the KV cache, gated MLP."""
+"""Building blocks: matrix products, RMS norm, rotary embedding, attention over the KV cache,
+gated MLP."""
 
 from __future__ import annotations
 
@@ -10,6 +11,25 @@ import jax.numpy as jnp
 from jaxspec.config import RopeScaling
 
 _MASKED = -1e30  # finite, so a fully masked (padding) query gives a uniform softmax, not NaN
+
+
+def linear(x_BxSxD, w, w_in_axis: int = 0):
+    """x @ w in float32: w is [D, F] (`w_in_axis` 0) or [F, D] (1, e.g. a tied embedding as the
+    output head). Every weight product of the model goes through here.
+
+    On CPU, XLA runs bfloat16 products over two or more rows in a fast library GEMM that reads the
+    weight once (nearly flat from 2 to 16 rows), but a single row in a slow loop (about 10x the
+    two-row time), so one row is padded to two. Float32 takes XLA's choice: a matrix-vector
+    product near memory bandwidth for one row, a GEMM for more. Other backends: plain dot.
+    """
+    B, S, D = x_BxSxD.shape
+    x_RxD = x_BxSxD.reshape(B * S, D).astype(w.dtype)
+    pad = B * S == 1 and w.dtype == jnp.bfloat16 and jax.default_backend() == "cpu"
+    if pad:
+        x_RxD = jnp.concatenate([x_RxD, jnp.zeros_like(x_RxD)])
+    y_RxF = jax.lax.dot_general(x_RxD, w, (((1,), (w_in_axis,)), ((), ())),
+                                preferred_element_type=jnp.float32)
+    return y_RxF[:B * S].reshape(B, S, -1)
 
 
 def rms_norm(x, scale, eps: float):
@@ -89,6 +109,5 @@ def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, wind
 
 
 def gated_mlp(x_BxSxD, w_gate_DxF, w_up_DxF, w_down_FxD, activation):
-    gate = activation(jnp.einsum("BSD,DF->BSF", x_BxSxD, w_gate_DxF))
-    up = jnp.einsum("BSD,DF->BSF", x_BxSxD, w_up_DxF)
-    return jnp.einsum("BSF,FD->BSD", gate * up, w_down_FxD)
+    gate = activation(linear(x_BxSxD, w_gate_DxF))
+    return linear(gate * linear(x_BxSxD, w_up_DxF), w_down_FxD)

@@ -16,10 +16,11 @@ from jaxspec.models.cache import KVCache
 
 def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig):
     gemma = config.arch == "gemma3"
+    B, S, D = x.shape
     h = L.rms_norm(x, lp["attn_norm"], config.rms_eps)
-    q = jnp.einsum("BSD,DNH->BSNH", h, lp["wq"])
-    k = jnp.einsum("BSD,DKH->BSKH", h, lp["wk"])
-    v = jnp.einsum("BSD,DKH->BSKH", h, lp["wv"])
+    q = L.linear(h, lp["wq"].reshape(D, -1)).reshape(B, S, config.num_heads, config.head_dim)
+    k = L.linear(h, lp["wk"].reshape(D, -1)).reshape(B, S, config.num_kv_heads, config.head_dim)
+    v = L.linear(h, lp["wv"].reshape(D, -1)).reshape(B, S, config.num_kv_heads, config.head_dim)
     if config.qkv_bias:
         q, k, v = q + lp["bq"][None, None], k + lp["bk"][None, None], v + lp["bv"][None, None]
     if gemma:
@@ -30,8 +31,7 @@ def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig
     v_cache = L.write_cache(v_cache, v, positions)
     scale = config.query_scale or config.head_dim ** -0.5
     attn = L.attention(q, k_cache, v_cache, positions, scale, window)
-    wo_ExD = lp["wo"].reshape(-1, lp["wo"].shape[-1])
-    attn = jnp.einsum("BSE,ED->BSD", attn, wo_ExD)
+    attn = L.linear(attn, lp["wo"].reshape(-1, D))
     if gemma:
         attn = L.rms_norm(attn, lp["post_attn_norm"], config.rms_eps)
     x = x + attn
@@ -57,7 +57,7 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
         raise ValueError(f"{tokens_BxS.shape[1]} tokens do not fit a cache of {cache.max_len} "
                          f"slots")
     embed_VxD = params["embed"]
-    x = embed_VxD[tokens_BxS]
+    x = embed_VxD[tokens_BxS].astype(jnp.float32)  # activations are float32 in every precision
     if config.arch == "gemma3":
         x = x * jnp.asarray(config.hidden_size ** 0.5, x.dtype)
     rope_global = L.rope_angles(positions_BxS, L.rope_inv_freq(
@@ -74,8 +74,25 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
         values.append(v)
     x = L.rms_norm(x, params["final_norm"], config.rms_eps)
     if "lm_head" in params:
-        logits = jnp.einsum("BSD,DV->BSV", x, params["lm_head"],
-                            preferred_element_type=jnp.float32)
+        logits = L.linear(x, params["lm_head"])
     else:
-        logits = jnp.einsum("BSD,VD->BSV", x, embed_VxD, preferred_element_type=jnp.float32)
+        logits = L.linear(x, embed_VxD, w_in_axis=1)
     return logits, KVCache(tuple(keys), tuple(values))
+
+
+def fill_cache(params, config: ModelConfig, tokens_BxT, n_B, cache: KVCache,
+               layers: tuple[int, ...] | None = None, chunk: int = 64) -> KVCache:
+    """Write the keys/values of each row's first `n_B` tokens, `chunk` positions per forward in a
+    loop whose trip count is data, so one compiled function serves every prompt length. Slots past
+    a row's `n_B` get padding, which later writes replace before any query reads them."""
+    B, T = tokens_BxT.shape
+    chunk = min(chunk, cache.max_len)
+    tokens_BxT = jnp.pad(tokens_BxT, ((0, 0), (0, -T % chunk)))  # slices never clamp
+
+    def body(i, cache):
+        start = i * chunk
+        tokens_BxC = jax.lax.dynamic_slice_in_dim(tokens_BxT, start, chunk, axis=1)
+        positions_BxC = jnp.broadcast_to(start + jnp.arange(chunk), (B, chunk))
+        return forward(params, config, tokens_BxC, positions_BxC, cache, layers)[1]
+
+    return jax.lax.fori_loop(0, (jnp.max(n_B) + chunk - 1) // chunk, body, cache)

@@ -17,6 +17,9 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from jaxspec.decoding.runner import generate
+from jaxspec.errors import UserError
+
 LANGUAGES = {"de": "German", "en": "English", "fr": "French", "ja": "Japanese", "ru": "Russian",
              "zh": "Chinese", "es": "Spanish", "it": "Italian", "cs": "Czech", "fi": "Finnish"}
 
@@ -36,7 +39,7 @@ TOPICS = ("the weather", "a football match", "the economy", "a new film", "cooki
 
 def language_name(code: str) -> str:
     if code not in LANGUAGES:
-        raise ValueError(f"unknown language code {code!r}; known: {sorted(LANGUAGES)}")
+        raise UserError(f"unknown language code {code!r}; known: {sorted(LANGUAGES)}")
     return LANGUAGES[code]
 
 
@@ -66,8 +69,8 @@ def load_tfds(name: str, source_lang: str, target_lang: str = "en", split: str =
     for i in range(n):
         ex = ds[i]
         if source_lang not in ex or target_lang not in ex:
-            raise ValueError(f"{name}: examples have fields {sorted(ex)}, not "
-                             f"{source_lang!r} and {target_lang!r}")
+            raise UserError(f"{name}: examples have fields {sorted(ex)}, not "
+                            f"{source_lang!r} and {target_lang!r}")
         records.append({"source": _str(ex[source_lang]), "target": _str(ex[target_lang])})
     return records
 
@@ -101,7 +104,7 @@ def read_sharegpt(path: str | Path) -> list[dict]:
                 records.append(rec)
                 break
     if not records:
-        raise ValueError(f"{path}: no conversation with a user turn")
+        raise UserError(f"{path}: no conversation with a user turn")
     return records
 
 
@@ -125,7 +128,7 @@ def self_generated(model, language: str, num_texts: int, generate_fn: Callable |
                    batch_size: int = 8, chat: bool = False, min_chars: int = 4) -> list[dict]:
     """Monolingual text the model writes in `language` from seed prompts (one paragraph per
     prompt, split into sentences), so a recipe runs offline with no corpus."""
-    generate_fn = generate_fn or _default_generate()
+    generate_fn = generate_fn or generate
     lang = language_name(language)
     if chat or language not in NATIVE_SEEDS:
         prompts = [f"Write a short paragraph in {lang} about {TOPICS[i % len(TOPICS)]}."
@@ -144,12 +147,6 @@ def self_generated(model, language: str, num_texts: int, generate_fn: Callable |
     return records
 
 
-def _default_generate():
-    import jaxspec
-
-    return jaxspec.generate
-
-
 def load_source(spec: dict, model=None, generate_fn: Callable | None = None) -> list[dict]:
     """Records from a source spec: {"type": "tfds" | "specbench" | "sharegpt" | "text" |
     "selfgen", ...keyword arguments of the matching reader}."""
@@ -159,11 +156,11 @@ def load_source(spec: dict, model=None, generate_fn: Callable | None = None) -> 
                "text": read_text}
     if kind == "selfgen":
         if model is None:
-            raise ValueError("a selfgen source needs the target model")
+            raise UserError("a selfgen source needs the target model")
         return self_generated(model, generate_fn=generate_fn, **spec)
     if kind not in readers:
-        raise ValueError(f"unknown source type {kind!r}; use one of "
-                         f"{sorted([*readers, 'selfgen'])}")
+        raise UserError(f"unknown source type {kind!r}; use one of "
+                        f"{sorted([*readers, 'selfgen'])}")
     limit = spec.pop("limit", None) if kind != "tfds" else None
     records = readers[kind](**spec)
     return records[:limit] if limit is not None else records
@@ -178,7 +175,7 @@ def to_prompts(records: Iterable[dict], source_lang: str | None = None,
             prompts.append(r["prompt"])
             continue
         if source_lang is None:
-            raise ValueError("text records need a language pair to become translation prompts")
+            raise UserError("text records need a language pair to become translation prompts")
         prompts.append(translation_prompt(r.get("source", r.get("text", "")), source_lang,
                                           target_lang))
     return prompts
@@ -254,8 +251,8 @@ class Batches:
     def __init__(self, tokens_NxL: np.ndarray, mask_NxL: np.ndarray, batch_size: int,
                  seed: int = 0):
         if len(tokens_NxL) < batch_size:
-            raise ValueError(f"{len(tokens_NxL)} packed rows are fewer than one batch of "
-                             f"{batch_size}; add data or lower the batch size")
+            raise UserError(f"{len(tokens_NxL)} packed rows are fewer than one batch of "
+                            f"{batch_size}; add data or lower the batch size")
         self.tokens_NxL, self.mask_NxL = tokens_NxL, mask_NxL
         self.batch_size, self.seed = batch_size, seed
         self.epoch, self.index = 0, 0

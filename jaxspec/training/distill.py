@@ -18,6 +18,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from jaxspec.decoding.runner import encode_prompts, generate
+from jaxspec.errors import UserError
+
 MANIFEST = "manifest.json"
 
 
@@ -45,8 +48,8 @@ def _check_manifest(out_dir: Path, manifest: dict) -> None:
         old = json.loads(path.read_text())
         if old != manifest:
             diff = sorted(k for k in manifest.keys() | old.keys() if old.get(k) != manifest.get(k))
-            raise ValueError(f"{out_dir} holds a distillation with other settings ({diff}); "
-                             f"use a new directory")
+            raise UserError(f"{out_dir} holds a distillation with other settings ({diff}); "
+                            f"use a new directory")
     else:
         write_atomic(path, json.dumps(manifest, indent=2))
 
@@ -63,12 +66,7 @@ def distill(target, prompts: Sequence[str], out_dir: str | os.PathLike,
     `process_count`-th shard."""
     from tqdm.auto import tqdm
 
-    from jaxspec.decoding.runner import encode_prompts
-
-    if generate_fn is None:
-        import jaxspec
-
-        generate_fn = jaxspec.generate
+    generate_fn = generate_fn or generate
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     prompt_ids = encode_prompts(target, list(prompts), chat)

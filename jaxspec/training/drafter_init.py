@@ -17,10 +17,12 @@ import numpy as np
 
 from jaxspec.checkpoints import store
 from jaxspec.config import ModelConfig
+from jaxspec.errors import UserError
 from jaxspec.models.params import init_params
 
+
 def random_init(config: ModelConfig, seed: int = 0) -> dict:
-    """Random params of a drafter config."""
+    """Random params of a config (jitted: one compile instead of one per op)."""
     return jax.jit(init_params, static_argnums=0)(config, jax.random.key(seed))
 
 
@@ -29,7 +31,7 @@ def from_target(target_config: ModelConfig, target_params: dict,
     """A drafter of the target's width: its embeddings, first `num_layers` layers, final norm and
     output head."""
     if not 0 < num_layers <= target_config.num_layers:
-        raise ValueError(f"num_layers must be in [1, {target_config.num_layers}], got {num_layers}")
+        raise UserError(f"num_layers must be in [1, {target_config.num_layers}], got {num_layers}")
     config = target_config.replace(num_layers=num_layers,
                                    layer_types=target_config.layer_types[:num_layers])
     params = dict(target_params)
@@ -43,9 +45,9 @@ def frequent_vocab(token_ids: Iterable[Sequence[int]], size: int, vocab_size: in
     ascending int32."""
     always = sorted(set(int(i) for i in always))
     if len(always) > size:
-        raise ValueError(f"head of {size} cannot hold the {len(always)} ids it must include")
+        raise UserError(f"head of {size} cannot hold the {len(always)} ids it must include")
     if size > vocab_size:
-        raise ValueError(f"head_vocab_size {size} exceeds the vocabulary ({vocab_size})")
+        raise UserError(f"head_vocab_size {size} exceeds the vocabulary ({vocab_size})")
     counts = np.zeros(vocab_size, np.int64)
     for ids in token_ids:
         counts += np.bincount(np.asarray(ids, np.int64), minlength=vocab_size)[:vocab_size]
@@ -59,10 +61,10 @@ def reduce_head(config: ModelConfig, params: dict,
                 vocab_ids: np.ndarray) -> tuple[ModelConfig, dict]:
     """Keep only the head columns of `vocab_ids`; the embedding stays full."""
     if config.head_vocab_size is not None:
-        raise ValueError("the head is already reduced")
+        raise UserError("the head is already reduced")
     vocab_ids = np.asarray(vocab_ids, np.int32)
     if vocab_ids.ndim != 1 or vocab_ids.min() < 0 or vocab_ids.max() >= config.vocab_size:
-        raise ValueError(f"vocab_ids must be a 1-D array of ids in [0, {config.vocab_size})")
+        raise UserError(f"vocab_ids must be a 1-D array of ids in [0, {config.vocab_size})")
     head_DxV = params["lm_head"] if "lm_head" in params else params["embed"].T
     params = dict(params, lm_head=jnp.asarray(head_DxV[:, vocab_ids]))
     return config.replace(tie_embeddings=False, head_vocab_size=len(vocab_ids)), params
@@ -80,9 +82,3 @@ def save_drafter(path: str | os.PathLike, config: ModelConfig, params: dict, tok
         extra["embed_from"] = embed_from
         params = {k: v for k, v in params.items() if k != "embed"}
     return store.save(path, params, config, tokenizer, extra=extra)
-
-
-def load_vocab_ids(path: str | os.PathLike) -> np.ndarray | None:
-    """The head's vocab ids of a saved drafter, or None for a full-vocabulary head."""
-    ids = store.read_meta(path).get("vocab_ids")
-    return None if ids is None else np.asarray(ids, np.int32)

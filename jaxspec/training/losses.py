@@ -12,6 +12,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxspec.errors import UserError
+
 LossFn = Callable[[jax.Array, Mapping[str, jax.Array]], jax.Array]
 
 _STD_EPS = 1e-6
@@ -141,5 +143,5 @@ def loss_fn_by_name(name: str) -> LossFn:
         ),
     }
     if name not in losses:
-        raise ValueError(f"Unknown loss {name!r}; valid names: {sorted(losses)}")
+        raise UserError(f"Unknown loss {name!r}; valid names: {sorted(losses)}")
     return losses[name]

@@ -22,6 +22,7 @@ import jax
 import numpy as np
 
 from jaxspec.config import ModelConfig
+from jaxspec.errors import UserError
 from jaxspec.training import data, distill, drafter_init, sharding, trainer
 
 DISTILL_KEYS = ("temperatures", "max_new_tokens", "block_size", "batch_size", "top_k", "top_p",
@@ -32,28 +33,28 @@ SOURCE_TYPES = {"tfds", "specbench", "sharegpt", "text", "selfgen"}
 
 
 def check_config(cfg: dict) -> None:
-    """Raise a ValueError naming the first unknown or invalid key, before anything runs."""
+    """Raise a UserError naming the first unknown or invalid key, before anything runs."""
     def unknown(where, keys, known):
         extra = set(keys) - set(known)
         if extra:
-            raise ValueError(f"{where}: unknown keys {sorted(extra)}; known: {sorted(known)}")
+            raise UserError(f"{where}: unknown keys {sorted(extra)}; known: {sorted(known)}")
 
     unknown("recipe", cfg, TOP_KEYS)
     for key in ("target", "data", "distill", "train"):
         if key not in cfg:
-            raise ValueError(f"recipe: missing {key!r}")
+            raise UserError(f"recipe: missing {key!r}")
     for name, spec in cfg["data"].items():
         unknown("data", [name], ("prompts", "pretrain", "eval"))
         if spec.get("type") not in SOURCE_TYPES:
-            raise ValueError(f"data.{name}: type must be one of {sorted(SOURCE_TYPES)}")
+            raise UserError(f"data.{name}: type must be one of {sorted(SOURCE_TYPES)}")
     unknown("distill", cfg["distill"], ("out_dir", *DISTILL_KEYS))
     drafter = cfg.get("drafter", {})
     unknown("drafter", drafter, ("init", "num_layers", "config", "head_vocab_size"))
     unknown("drafter.config", drafter.get("config", {}), ModelConfig.__dataclass_fields__)
     if "prompts" not in cfg["data"]:
-        raise ValueError("recipe: data.prompts (the distillation prompts) is missing")
+        raise UserError("recipe: data.prompts (the distillation prompts) is missing")
     if stage_settings(cfg, "pretrain") and "pretrain" not in cfg["data"]:
-        raise ValueError("recipe: train.pretrain has steps but data.pretrain is missing")
+        raise UserError("recipe: train.pretrain has steps but data.pretrain is missing")
     stage_settings(cfg, "finetune")
 
 
@@ -61,15 +62,13 @@ def load_target(spec):
     """A registered name or path through `jaxspec.load`, or {random: {...}, seed}: a random model
     with the byte tokenizer (tests, notebooks)."""
     from jaxspec.loading import Model, load
-    from jaxspec.models.params import init_params
 
     if isinstance(spec, str):
         return load(spec)
     if not isinstance(spec, dict) or "random" not in spec:
-        raise ValueError(f"target must be a model name/path or {{random: {{...}}}}, got {spec!r}")
+        raise UserError(f"target must be a model name/path or {{random: {{...}}}}, got {spec!r}")
     config = ModelConfig.from_dict(spec["random"])
-    init = jax.jit(init_params, static_argnums=0)  # one compile instead of one per op
-    params = jax.device_get(init(config, jax.random.key(spec.get("seed", 0))))
+    params = jax.device_get(drafter_init.random_init(config, spec.get("seed", 0)))
     return Model(config, params, data.byte_tokenizer(), "random")
 
 
@@ -142,7 +141,7 @@ def init_drafter(cfg: dict, target, token_ids) -> tuple[ModelConfig, dict, np.nd
         config = target.config.replace(**dcfg.get("config", {}))
         params = drafter_init.random_init(config, cfg.get("seed", 0))
     else:
-        raise ValueError(f"drafter.init must be 'target' or 'random', got {init!r}")
+        raise UserError(f"drafter.init must be 'target' or 'random', got {init!r}")
     vocab_ids = None
     if dcfg.get("head_vocab_size"):
         eos = target.config.eos_token_ids or (target.tokenizer.eos_token_id,)

@@ -14,6 +14,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxspec.config import ModelConfig
+from jaxspec.errors import UserError
 from jaxspec.models.params import param_axes, param_shapes
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -36,16 +37,16 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> j
     devices = jax.devices() if devices is None else devices
     sizes = [data, fsdp, tensor]
     if sizes.count(-1) > 1:
-        raise ValueError(f"at most one mesh axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
+        raise UserError(f"at most one mesh axis may be -1, got {dict(zip(MESH_AXES, sizes))}")
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
         if len(devices) % known:
-            raise ValueError(f"{len(devices)} devices do not divide into mesh "
-                             f"{dict(zip(MESH_AXES, sizes))}")
+            raise UserError(f"{len(devices)} devices do not divide into mesh "
+                            f"{dict(zip(MESH_AXES, sizes))}")
         sizes[sizes.index(-1)] = len(devices) // known
     if math.prod(sizes) != len(devices):
-        raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
-                         f"{len(devices)} are available")
+        raise UserError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices, "
+                        f"{len(devices)} are available")
     return jax.make_mesh(tuple(sizes), MESH_AXES, devices=devices,
                          axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES))
 
@@ -63,13 +64,13 @@ def _mesh_size(mesh, axes) -> int:
 
 
 def check_divisible(name: str, shape: tuple[int, ...], spec: P, mesh) -> None:
-    """Raise a ValueError naming the array and dim a mesh axis does not divide."""
+    """Raise a UserError naming the array and dim a mesh axis does not divide."""
     for dim, (size, axes) in enumerate(zip(shape, spec)):
         parts = _mesh_size(mesh, axes)
         if size % parts:
-            raise ValueError(f"{name}: dim {dim} of shape {shape} has size {size}, which mesh "
-                             f"axes {axes} (size {parts}) do not divide; change the mesh or the "
-                             f"rule for this axis")
+            raise UserError(f"{name}: dim {dim} of shape {shape} has size {size}, which mesh "
+                            f"axes {axes} (size {parts}) do not divide; change the mesh or the "
+                            f"rule for this axis")
 
 
 def param_shardings(config: ModelConfig, mesh, rules: Mapping[str, Any] = RULES) -> dict:
@@ -108,9 +109,9 @@ def init_distributed(spec: Any) -> None:
         jax.distributed.initialize()
         return
     if not isinstance(spec, Mapping):
-        raise ValueError(f"distributed must be 'auto' or a mapping, got {spec!r}")
+        raise UserError(f"distributed must be 'auto' or a mapping, got {spec!r}")
     unknown = set(spec) - {"coordinator_address", "num_processes", "process_id"}
     if unknown:
-        raise ValueError(f"unknown distributed keys {sorted(unknown)}")
+        raise UserError(f"unknown distributed keys {sorted(unknown)}")
     jax.distributed.initialize(spec["coordinator_address"], int(spec["num_processes"]),
                                int(spec["process_id"]))

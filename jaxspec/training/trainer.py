@@ -26,9 +26,11 @@ import numpy as np
 import optax
 
 from jaxspec.config import ModelConfig
-from jaxspec.models.cache import init_cache
+from jaxspec.decoding.drafters import model_drafter
+from jaxspec.decoding.runner import speculative_generate
+from jaxspec.errors import UserError
+from jaxspec.loading import Model, forward_logits
 from jaxspec.models.params import param_shapes
-from jaxspec.models.transformer import forward
 from jaxspec.training import sharding as shd
 from jaxspec.training.data import Batches
 from jaxspec.training.losses import loss_fn_by_name
@@ -67,17 +69,17 @@ class TrainSettings:
     def __post_init__(self):
         loss_fn_by_name(self.loss)
         if self.batch_size % self.grad_accum:
-            raise ValueError(f"batch_size {self.batch_size} is not a multiple of grad_accum "
-                             f"{self.grad_accum}")
+            raise UserError(f"batch_size {self.batch_size} is not a multiple of grad_accum "
+                            f"{self.grad_accum}")
         if self.steps < 1 or self.save_every < 1 or self.keep < 1:
-            raise ValueError("steps, save_every and keep must be positive")
+            raise UserError("steps, save_every and keep must be positive")
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TrainSettings":
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - names
         if unknown:
-            raise ValueError(f"unknown train settings {sorted(unknown)}; known: {sorted(names)}")
+            raise UserError(f"unknown train settings {sorted(unknown)}; known: {sorted(names)}")
         d = dict(d)
         if isinstance(d.get("mesh"), dict):
             m = d["mesh"]
@@ -113,14 +115,6 @@ def make_optimizer(s: TrainSettings) -> tuple[optax.GradientTransformation, opta
     return opt, schedule
 
 
-def forward_logits(params, config: ModelConfig, tokens_BxS):
-    """Logits of a full sequence (positions 0..S-1, a fresh cache of S slots)."""
-    B, S = tokens_BxS.shape
-    positions_BxS = jnp.broadcast_to(jnp.arange(S), (B, S))
-    cache = init_cache(config, B, S, params["embed"].dtype)
-    return forward(params, config, tokens_BxS, positions_BxS, cache)[0]
-
-
 def head_index(vocab_ids: np.ndarray, vocab_size: int) -> np.ndarray:
     """Full vocab id -> head index (-1 outside the head)."""
     out = np.full(vocab_size, -1, np.int32)
@@ -141,7 +135,7 @@ def make_loss(config: ModelConfig, s: TrainSettings, teacher_config: ModelConfig
     def loss(params, teacher_params, tokens_BxL, mask_BxL):
         inputs_BxS, targets_BxS = tokens_BxL[:, :-1], tokens_BxL[:, 1:]
         mask_BxS = mask_BxL[:, 1:].astype(bool)
-        logits_BxSxH = forward_logits(cast(params), config, inputs_BxS)
+        logits_BxSxK = forward_logits(cast(params), config, inputs_BxS)  # K: the head's vocab
         batch = {"targets": targets_BxS, "mask": mask_BxS}
         if vocab_ids is not None:
             batch["targets"] = to_head_V[targets_BxS]
@@ -152,7 +146,7 @@ def make_loss(config: ModelConfig, s: TrainSettings, teacher_config: ModelConfig
             if vocab_ids is not None:
                 teacher_BxSxV = teacher_BxSxV[..., vocab_ids]
             batch["teacher_logits"] = jax.lax.stop_gradient(teacher_BxSxV)
-        return loss_fn(logits_BxSxH, batch), jnp.sum(batch["mask"])
+        return loss_fn(logits_BxSxK, batch), jnp.sum(batch["mask"])
 
     return loss
 
@@ -245,18 +239,10 @@ class MetricsLog:
 def measure_tau(teacher, config: ModelConfig, params, tokenizer, vocab_ids, prompts: Sequence[str],
                 s: TrainSettings, step: int, speculative_fn: Callable | None, chat: bool) -> float:
     """Mean tokens per verification step of the drafter against the target on `prompts`."""
-    from jaxspec.loading import Model
-
-    if speculative_fn is None:
-        import jaxspec
-
-        speculative_fn = jaxspec.speculative_generate
     drafter = Model(config, jax.tree.map(jnp.asarray, host_params(params)), tokenizer, "drafter")
     if vocab_ids is not None:
-        from jaxspec.decoding.drafters import model_drafter
-
         drafter = model_drafter(drafter, vocab_ids)
-    out = speculative_fn(teacher, drafter, list(prompts), gamma=s.eval_gamma,
+    out = (speculative_fn or speculative_generate)(teacher, drafter, list(prompts), gamma=s.eval_gamma,
                          max_new_tokens=s.eval_max_new_tokens, temperature=s.eval_temperature,
                          seed=s.seed + step, chat=chat)
     return float(out.tau)

@@ -9,7 +9,6 @@ from jaxspec.bench.questions import (
     done_question_ids,
     read_answers,
     read_questions,
-    write_answers,
 )
 
 
@@ -68,10 +67,11 @@ def test_read_questions_empty_file_is_an_error(tmp_path):
         read_questions(path)
 
 
-def test_write_then_read_answers_round_trips(tmp_path):
+def test_append_then_read_answers_round_trips(tmp_path):
     path = tmp_path / "out" / "ans.jsonl"
     records = [_answer(1), {**_answer(2), "gamma": 4}]
-    write_answers(path, records)
+    for r in records:
+        append_answer(path, r)
     assert read_answers(path) == records
     assert path.read_text().count("\n") == 2
 
@@ -87,7 +87,8 @@ def test_append_answer_and_resume(tmp_path):
 
 def test_truncated_last_line_is_dropped_with_warning_and_resume_continues(tmp_path):
     path = tmp_path / "ans.jsonl"
-    write_answers(path, [_answer(1), _answer(2)])
+    append_answer(path, _answer(1))
+    append_answer(path, _answer(2))
     partial = json.dumps(_answer(3))[:40]  # a kill in the middle of writing question 3
     with open(path, "a") as f:
         f.write(partial)
@@ -126,5 +127,6 @@ def test_invalid_answer_fields_raise(tmp_path):
     with pytest.raises(ValueError, match="they must match"):
         append_answer(tmp_path / "other.jsonl", bad)
     assert not (tmp_path / "other.jsonl").exists()
-    with pytest.raises(ValueError, match="record 0: missing field 'tstamp'"):
-        write_answers(path, [{k: v for k, v in _answer(1).items() if k != "tstamp"}])
+    with pytest.raises(ValueError, match="other.jsonl: missing field 'tstamp'"):
+        append_answer(tmp_path / "other.jsonl",
+                      {k: v for k, v in _answer(1).items() if k != "tstamp"})

@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import jaxspec
 from jaxspec.bench import scaling
@@ -13,7 +14,19 @@ from jaxspec.training import drafter_init, recipe
 CONFIGS = Path(__file__).parents[2] / "configs"
 
 
-def test_scaling_rows_follow_the_recipe_checkpoints(tmp_path):
+def _recording(monkeypatch, name):
+    """Replace jaxspec.<name> by a wrapper that keeps each result."""
+    results, real = [], getattr(jaxspec, name)
+
+    def record(*args, **kw):
+        results.append(real(*args, **kw))
+        return results[-1]
+
+    monkeypatch.setattr(jaxspec, name, record)
+    return results
+
+
+def test_scaling_rows_follow_the_recipe_checkpoints(tmp_path, monkeypatch):
     # Finetuning with ce over a full head: every response token is a logged target.
     cfg = load_yaml(CONFIGS / "tiny.yaml", [f"distill.out_dir={tmp_path / 'distill'}",
                                             f"train.workdir={tmp_path / 'train'}",
@@ -31,17 +44,27 @@ def test_scaling_rows_follow_the_recipe_checkpoints(tmp_path):
 
     # Step 0 is the pretrained drafter, not the initialisation; the last step is the saved one.
     _, init = drafter_init.from_target(target.config, target.params, 1)
-    before = scaling.drafter_at(cfg, target, saved, 0)
-    after = scaling.drafter_at(cfg, target, saved, 2)
-    assert not np.allclose(before.params["layers"][0]["wq"], init["layers"][0]["wq"])
-    assert not np.allclose(before.params["layers"][0]["wq"], after.params["layers"][0]["wq"])
-    np.testing.assert_array_equal(after.params["layers"][0]["wq"], saved.params["layers"][0]["wq"])
+    _, before, _ = scaling.drafter_at(cfg, target, 0)
+    _, after, _ = scaling.drafter_at(cfg, target, 2)
+    assert not np.allclose(before["layers"][0]["wq"], init["layers"][0]["wq"])
+    assert not np.allclose(before["layers"][0]["wq"], after["layers"][0]["wq"])
+    np.testing.assert_array_equal(after["layers"][0]["wq"], saved.params["layers"][0]["wq"])
 
     questions = tmp_path / "q.jsonl"
     questions.write_text("".join(json.dumps({"question_id": i, "category": "deen",
                                              "turns": [f"Translate German to English:{t}"]}) + "\n"
                                  for i, t in enumerate(["Guten Morgen", "Danke schön"])))
+    greedy = _recording(monkeypatch, "generate")
+    spec = _recording(monkeypatch, "speculative_generate")
     rows = scaling.measure(cfg, str(questions), limit=2, gamma=2, max_new_tokens=6)
     assert [r["step"] for r in rows] == [0, 2]
     assert [r["finetune_tokens"] for r in rows] == [0, seen[2]]
-    assert all(r["identical"] and r["tau"] >= 1 for r in rows)
+    # Each row: two prompts, their speculative runs against the greedy ones; tau is new tokens
+    # per verification step over both, recomputed here from the runs themselves.
+    assert len(greedy) == 2 and len(spec) == 4
+    for r, runs in zip(rows, (spec[:2], spec[2:])):
+        assert r["identical"] and [o.token_ids for o in runs] == [g.token_ids for g in greedy]
+        gains = [a for o in runs for a in o.accept_lengths[0]]
+        assert sum(gains) == sum(len(o.token_ids[0]) for o in runs) and max(gains) <= 3
+        assert r["tau"] == pytest.approx(np.mean(gains))
+    assert max(r["tau"] for r in rows) > 1  # drafts are accepted somewhere

@@ -111,14 +111,29 @@ def test_generate_prints_text(tiny_model, capsys):
     assert "tokens" in err and "tok/s" in err
 
 
-def test_generate_with_ngram_drafter_via_config(tiny_model, tmp_path, capsys):
-    """--config YAML and key=value overrides; flags win over both."""
+def test_generate_with_ngram_drafter_via_config(tiny_model, tmp_path, capsys, monkeypatch):
+    """--config YAML < key=value overrides < flags, each shown by a conflicting value."""
+    import jaxspec
+
+    calls = []
+    real = jaxspec.speculative_generate
+
+    def spy(*args, **kw):
+        calls.append(kw)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(jaxspec, "speculative_generate", spy)
     (tmp_path / "gen.yaml").write_text(f"model: {tiny_model}\nmax_new_tokens: 4\n"
-                                       f"drafter: 'ngram:2'\ngamma: 2\n")
+                                       f"drafter: 'ngram:2'\ngamma: 2\nseed: 7\n")
     cli.main(["generate", "--config", str(tmp_path / "gen.yaml"), "--prompt", "abcabcabc",
-              "max_new_tokens=6"])
+              "--max-new-tokens", "5", "max_new_tokens=6", "gamma=3"])
     out, err = capsys.readouterr()
+    [kw] = calls  # the YAML's drafter made it speculative
+    assert kw["max_new_tokens"] == 5  # the flag beats the override and the YAML
+    assert kw["gamma"] == 3  # the override beats the YAML
+    assert kw["seed"] == 7  # the YAML beats the default
     assert "tau" in err and out.strip()
+    assert 1 <= int(err.split("[")[1].split(" tokens")[0]) <= 5
 
 
 def test_generate_without_prompt_is_an_error(tiny_model):

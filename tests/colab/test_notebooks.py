@@ -1,5 +1,5 @@
-"""The colab notebooks run top to bottom (CPU, `JAXSPEC_CI=1` shrinks them) and are committed
-without outputs."""
+"""The colab notebooks run top to bottom (CPU, `JAXSPEC_CI=1` shrinks them), their results
+pass a check cell run after them in the same kernel, and they are committed without outputs."""
 
 import time
 from pathlib import Path
@@ -11,6 +11,29 @@ from nbclient import NotebookClient
 COLAB = Path(__file__).resolve().parents[2] / "colab"
 NOTEBOOKS = sorted(p.name for p in COLAB.glob("*.ipynb"))
 CELL_TIMEOUT = {"quickstart.ipynb": 600, "train_drafter.ipynb": 300}  # seconds per cell
+# Appended to each notebook: every speculative run equals greedy decoding, and its tau is the
+# mean of its accept lengths, which account for every new token.
+_TAU_OK = """
+import numpy as np
+
+def check(r, greedy):
+    assert r.token_ids == greedy.token_ids, "speculative output differs from greedy"
+    gains = [a for row in r.accept_lengths for a in row]
+    assert sum(gains) == r.num_new_tokens and max(gains) <= GAMMA + 1
+    assert abs(r.tau - np.mean(gains)) < 1e-9, (r.tau, np.mean(gains))
+"""
+CHECKS = {
+    "quickstart.ipynb": _TAU_OK + """
+check(ngram, ar)
+check(skip, ar)
+assert max(ngram.tau, skip.tau) > 1
+""",
+    "train_drafter.ipynb": _TAU_OK + """
+check(before, plain)
+check(after, plain)
+assert after.tau > before.tau, (before.tau, after.tau)  # training helped
+""",
+}
 
 
 def test_the_notebooks_are_there():
@@ -38,6 +61,7 @@ def test_runs_top_to_bottom(name, tmp_path, monkeypatch):
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend draws PNGs
     nb = nbformat.read(COLAB / name, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell(CHECKS[name]))
     client = NotebookClient(nb, timeout=CELL_TIMEOUT.get(name, 300), kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}})  # cwd: tmp_path
     t0 = time.perf_counter()
@@ -48,4 +72,4 @@ def test_runs_top_to_bottom(name, tmp_path, monkeypatch):
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "no plot was drawn"
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
-    assert "tau" in text
+    assert "tau" in text and "False" not in text

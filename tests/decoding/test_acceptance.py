@@ -11,7 +11,7 @@ import pytest
 import jaxspec
 from jaxspec.decoding import speculative
 from jaxspec.decoding.drafters import NgramSpec
-from jaxspec.decoding.sampling import Sampling, pick, probs
+from jaxspec.decoding.sampling import DraftProbs, Sampling, pick, probs
 
 accept = jax.jit(speculative.accept, static_argnames="sampling")
 
@@ -40,8 +40,8 @@ def test_accept_gamma1_rate_and_output_distribution(s):
     k_draft, k_acc = jax.random.split(jax.random.key(7))
     draft_Bx1 = jax.random.categorical(k_draft, jnp.log(q_V), shape=(B, 1)).astype(jnp.int32)
     logits = jnp.broadcast_to(jnp.stack([P_LOGITS, BONUS_LOGITS]), (B, 2, V))
-    q_BxGxV = jnp.broadcast_to(q_V, (B, 1, V))
-    n_B, emitted = jax.device_get(accept(k_acc, logits, draft_Bx1, q_BxGxV, s))
+    q = DraftProbs(jnp.broadcast_to(q_V, (B, 1, V)))
+    n_B, emitted = jax.device_get(accept(k_acc, logits, draft_Bx1, q, s))
 
     beta = float(np.minimum(p, np.asarray(q_V, np.float64)).sum())
     assert 0.1 < beta < 0.9  # both outcomes are common
@@ -65,10 +65,35 @@ def test_accept_gamma3_run_lengths():
     k_draft, k_acc = jax.random.split(jax.random.key(8))
     draft = jax.random.categorical(k_draft, jnp.log(q_V), shape=(B, G)).astype(jnp.int32)
     logits = jnp.broadcast_to(jnp.asarray(P_LOGITS), (B, G + 1, V))
-    n_B, _ = jax.device_get(accept(k_acc, logits, draft, jnp.broadcast_to(q_V, (B, G, V)), s))
+    q = DraftProbs(jnp.broadcast_to(q_V, (B, G, V)))
+    n_B, _ = jax.device_get(accept(k_acc, logits, draft, q, s))
     for k in range(1, G + 1):
         want = beta ** k
         assert abs((n_B >= k).mean() - want) < 5 * math.sqrt(want * (1 - want) / B)
+
+
+@pytest.mark.parametrize("kind", ["subset", "one-hot"])
+def test_sparse_q_decides_as_its_dense_form(kind):
+    """q kept as K ids and their mass (a subset head, a one-hot draft) gives the acceptances and
+    corrections of the same q written out over the whole vocabulary, bit for bit."""
+    B, G, V = 4096, 2, len(P_LOGITS)
+    s = Sampling(1.0)
+    ids_K = jnp.asarray([0, 2, 3, 6, 7], jnp.int32)
+    q_K = probs(jnp.asarray(Q_LOGITS)[ids_K], s)
+    k_draft, k_acc = jax.random.split(jax.random.key(9))
+    draft = ids_K[jax.random.categorical(k_draft, jnp.log(q_K), shape=(B, G))]
+    if kind == "subset":
+        sparse = DraftProbs(jnp.broadcast_to(q_K, (B, G, 5)), jnp.broadcast_to(ids_K, (B, G, 5)))
+        dense = DraftProbs(jnp.broadcast_to(jnp.zeros(V).at[ids_K].set(q_K), (B, G, V)))
+    else:
+        sparse = DraftProbs(jnp.ones((B, G, 1)), draft[..., None])
+        dense = DraftProbs(jax.nn.one_hot(draft, V))
+    logits = jnp.broadcast_to(jnp.stack([P_LOGITS, BONUS_LOGITS, P_LOGITS]), (B, G + 1, V))
+    n_dense, out_dense = jax.device_get(accept(k_acc, logits, draft, dense, s))
+    n_sparse, out_sparse = jax.device_get(accept(k_acc, logits, draft, sparse, s))
+    assert 0 < n_dense.mean() < G  # rejections and acceptances both happen
+    np.testing.assert_array_equal(n_sparse, n_dense)
+    np.testing.assert_array_equal(out_sparse, out_dense)
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +195,7 @@ def test_ngram_proposals_on_hand_made_buffer():
     draft_s, q_s, _ = spec.propose({}, (), jnp.asarray(tokens), jnp.asarray(lengths),
                                    jax.random.key(0), Sampling(1.0), 3, 10)
     assert np.array_equal(draft_s, draft)
-    assert np.array_equal(q_s, jax.nn.one_hot(draft, 10))
+    assert np.array_equal(q_s.ids_BxGxK[..., 0], draft) and np.all(q_s.probs_BxGxK == 1)
 
 
 def test_ngram_max_ngram_1_uses_unigrams():

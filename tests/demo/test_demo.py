@@ -1,20 +1,44 @@
 """`jaxspec demo`, the README's main job, end to end on the embedded Gemma 3 270M."""
 
+import numpy as np
+import pytest
+
+import jaxspec
 from jaxspec import demo
 from jaxspec.cli import main
+
+
+def _recording(monkeypatch, name):
+    """Replace jaxspec.<name> by a wrapper that keeps each result."""
+    results, real = [], getattr(jaxspec, name)
+
+    def record(*args, **kw):
+        results.append(real(*args, **kw))
+        return results[-1]
+
+    monkeypatch.setattr(jaxspec, name, record)
+    return results
 
 
 def test_demo_translates_five_languages_identically_to_greedy(capsys, monkeypatch):
     rows = []
     run = demo.run
     monkeypatch.setattr(demo, "run", lambda *a, **k: rows.extend(run(*a, **k)) or rows)
+    greedy = _recording(monkeypatch, "generate")
+    spec = _recording(monkeypatch, "speculative_generate")
     main(["demo", "max_new_tokens=12"])
     out = capsys.readouterr().out
     assert [r["language"] for r in rows] == list(demo.SENTENCES)
-    for r in rows:
+    assert len(greedy) == len(spec) == len(rows)
+    for r, g, sp in zip(rows, greedy, spec):
         assert f"[{r['language']}]" in out
         assert r["identical"] and r["translation"]
-        assert r["tau"] >= 1.0
+        assert sp.token_ids == g.token_ids and len(g.token_ids[0]) > 0
+        # tau is new tokens per verification step of this row's speculative run.
+        [gains] = sp.accept_lengths
+        assert sum(gains) == len(sp.token_ids[0]) and all(1 <= a <= 5 for a in gains)  # gamma 4
+        assert r["tau"] == pytest.approx(np.mean(gains))
         assert r["tokens_per_s"] > 0 and r["baseline_tokens_per_s"] > 0
+    assert any(r["tau"] > 1 for r in rows)  # lookup drafts are accepted somewhere
     assert out.count("identical to greedy: yes") == len(demo.SENTENCES)
     assert "all outputs identical to greedy decoding: yes" in out

@@ -75,12 +75,14 @@ def test_saved_drafter_loads_with_its_vocab_ids(tmp_path, target_params):
     config, params = drafter_init.reduce_head(config, params, vocab_ids)
     path = drafter_init.save_drafter(tmp_path / "d", config, params, data.byte_tokenizer(),
                                      vocab_ids, extra={"note": "x"})
-    np.testing.assert_array_equal(drafter_init.load_vocab_ids(path), vocab_ids)
+    drafter = jaxspec.load_drafter(path)
+    np.testing.assert_array_equal(drafter.params["vocab_ids"], vocab_ids)
     model = jaxspec.load(path)
     assert model.config == config and model.tokenizer is not None
     np.testing.assert_array_equal(model.params["lm_head"], params["lm_head"])
-    assert drafter_init.load_vocab_ids(drafter_init.save_drafter(
-        tmp_path / "full", TARGET, target_params)) is None
+    full = jaxspec.load_drafter(drafter_init.save_drafter(tmp_path / "full", TARGET,
+                                                          target_params))
+    assert "vocab_ids" not in full.params
 
 
 def test_random_init_matches_the_config():

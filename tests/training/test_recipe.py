@@ -8,7 +8,7 @@ import pytest
 
 import jaxspec
 from jaxspec.config import load_yaml
-from jaxspec.training import distill, drafter_init, recipe
+from jaxspec.training import distill, recipe
 
 CONFIGS = Path(__file__).parents[2] / "configs"
 PRESETS = ["deen_gemma3", "fren_gemma3", "jaen_gemma3", "ruen_gemma3", "zhen_gemma3",
@@ -46,18 +46,32 @@ def test_tiny_recipe_end_to_end_and_resume(tmp_path):
     assert {r["temperature"] for r in records} == {0.0, 1.0}
     assert all(r["prompt"].startswith("Translate German to English:") for r in records)
 
-    path = recipe.run_train(cfg)
+    runs = []  # each stage's tau run (step 2 of 2), kept to recompute tau from it
+
+    def spy(target, drafter, prompts, **kw):
+        runs.append((prompts, kw, jaxspec.speculative_generate(target, drafter, prompts, **kw)))
+        return runs[-1][2]
+
+    path = recipe.run_train(cfg, speculative_fn=spy)
     drafter = jaxspec.load(path)
     assert drafter.config.num_layers == 1 and drafter.config.head_vocab_size == 128
-    vocab_ids = drafter_init.load_vocab_ids(path)
+    vocab_ids = jaxspec.load_drafter(path).params["vocab_ids"]
     assert len(vocab_ids) == 128 and 2 in vocab_ids  # EOS always in the head
-    for stage in ("pretrain", "finetune"):
+    target = recipe.load_target(cfg["target"])
+    assert len(runs) == 2
+    for stage, (prompts, kw, res) in zip(("pretrain", "finetune"), runs):
         logged = [json.loads(ln) for ln in
                   (tmp_path / "train" / stage / "metrics.jsonl").read_text().splitlines()]
         assert [r["step"] for r in logged if "loss" in r] == [1, 2]
-        assert [r["tau"] >= 1 for r in logged if "tau" in r] == [True]
+        # The logged tau is new tokens per verification step of a greedy run with the eval
+        # settings, whose output is the target's own.
+        assert kw["gamma"] == 3 and kw["max_new_tokens"] == 8 and kw["temperature"] == 0
+        greedy = jaxspec.generate(target, prompts, max_new_tokens=8, chat=kw["chat"])
+        assert len(prompts) == 2 and res.token_ids == greedy.token_ids
+        gains = [a for row in res.accept_lengths for a in row]
+        assert sum(gains) == sum(map(len, res.token_ids)) and max(gains) <= 4
+        assert [r["tau"] for r in logged if "tau" in r] == [pytest.approx(np.mean(gains))]
     # The finetuned drafter is the target's first layer after 4 steps: close, not equal.
-    target = recipe.load_target(cfg["target"])
     assert not np.array_equal(drafter.params["layers"][0]["wq"], target.params["layers"][0]["wq"])
 
     # A rerun finds both stages finished and its source texts cached: it generates nothing and

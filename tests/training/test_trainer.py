@@ -6,6 +6,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import AbstractMesh
 
@@ -102,17 +103,30 @@ def test_reduced_vocab_losses_use_the_head_ids(worker):
     np.testing.assert_allclose(got_kl, want_kl, rtol=1e-5)
 
 
-def test_gradient_accumulation_equals_one_big_batch(tmp_path, worker):
-    teacher, cfg, params, tokens, _ = worker.tiny_setup()
-    full_mask = np.ones_like(tokens)  # equal target counts: the mean of means is the mean
-    out = {}
-    for accum in (1, 2):
-        s = worker.settings(steps=1, batch_size=8, grad_accum=accum, loss="ce", warmup_steps=0)
-        out[accum] = trainer.host_params(trainer.train(
-            s, cfg, params, data.Batches(tokens, full_mask, 8), tmp_path / str(accum)))
-    # Adam normalises the first step (~lr * sign(grad)): compare at a fraction of lr = 1e-2.
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), out[1], out[2])
-    assert not np.allclose(out[1]["embed"], params["embed"])
+def test_gradient_accumulation_equals_one_big_batch(worker):
+    """The accumulated gradient itself, not Adam's sign-like first step: `optax.identity` makes
+    the update the gradient, so a missing or doubled `/ grad_accum` scales it visibly."""
+    _, cfg, params, tokens, _ = worker.tiny_setup()
+    # A full mask gives equal target counts: the mean of micro-batch means is the batch mean.
+    rows = {"tokens": tokens[:8], "mask": np.ones_like(tokens[:8])}
+    opt = optax.identity()
+    grads, metrics = {}, {}
+    for accum in (1, 2, 4):
+        s = worker.settings(batch_size=8, grad_accum=accum, loss="ce")
+        step = jax.jit(trainer.make_train_step(cfg, s, opt, lambda step: 0.0))
+        state = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": opt.init(params)}
+        batch = {k: v.reshape(accum, 8 // accum, -1) for k, v in rows.items()}
+        new, metrics[accum] = step(state, batch, {})
+        grads[accum] = jax.tree.map(lambda a, b: np.asarray(a, np.float64) - b,
+                                    new["params"], params)
+    scale = max(np.abs(g).max() for g in jax.tree.leaves(grads[1]))
+    assert scale > 1e-4  # a real gradient
+    for accum in (2, 4):
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5 * scale),
+                     grads[accum], grads[1])
+        np.testing.assert_allclose(metrics[accum]["loss"], metrics[1]["loss"], rtol=1e-5)
+        np.testing.assert_allclose(metrics[accum]["grad_norm"], metrics[1]["grad_norm"],
+                                   rtol=1e-4)
 
 
 def test_tau_is_measured_every_k_steps_and_logged(tmp_path, worker):
