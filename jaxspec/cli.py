@@ -31,10 +31,11 @@ def cmd_generate(args):
     import jaxspec
 
     o = _options(args, {"model": "smollm2-135m-instruct", "max_new_tokens": 64,
-                        "temperature": 0.0, "gamma": 4, "chat": False, "seed": 0})
+                        "temperature": 0.0, "gamma": 4, "chat": False, "seed": 0,
+                        "dtype": "float32"})
     if not o.get("prompt"):
         raise SystemExit("jaxspec generate: give --prompt")
-    model = jaxspec.load(o["model"])
+    model = jaxspec.load(o["model"], dtype=o["dtype"])
     kw = dict(max_new_tokens=o["max_new_tokens"], temperature=o["temperature"],
               top_k=o.get("top_k"), top_p=o.get("top_p"), seed=o["seed"], stop=o.get("stop"),
               chat=o["chat"])
@@ -57,7 +58,8 @@ def cmd_bench(args):
     from jaxspec.bench.report import report
 
     o = _options(args, {"questions": None, "out_dir": "runs/bench", "max_new_tokens": 64,
-                        "gammas": [4], "temperatures": [0.0], "limit": None, "seed": 0})
+                        "gammas": [4], "temperatures": [0.0], "limit": None, "seed": 0,
+                        "dtype": "float32"})
     if not o.get("questions"):
         raise SystemExit("jaxspec bench: give --questions (a Spec-Bench question.jsonl)")
     runs = o.get("runs") or [{k: o[k] for k in ("target", "methods", "template", "chat", "stop")
@@ -75,7 +77,7 @@ def cmd_bench(args):
             run["target"], run["questions"], methods, str(out),
             max_new_tokens=run["max_new_tokens"], template=run.get("template") or "{prompt}",
             chat=bool(run.get("chat")), stop=run.get("stop"), limit=run["limit"],
-            seed=run["seed"])
+            seed=run["seed"], dtype=run["dtype"])
         baseline = next(m.name for m in methods if m.kind == "ar" and m.temperature ==
                         run["temperatures"][0])
         refs = read_references(run["references"]) if run.get("references") else None
@@ -122,6 +124,18 @@ def cmd_demo(args):
     rows = demo.run(o["target"], o.get("drafter"), o["gamma"], o["max_new_tokens"])
     if not all(r["identical"] for r in rows):
         raise SystemExit(1)
+
+
+def cmd_profile(args):
+    import jaxspec
+    from jaxspec.bench.profile import format_profile, profile
+    from jaxspec.loading import parse_drafter
+
+    o = _options(args, {"model": "gemma3-270m", "dtype": "float32", "refresh": False})
+    model = jaxspec.load(o["model"], dtype=o["dtype"])
+    drafter = parse_drafter(o["drafter"], model) if o.get("drafter") else None
+    r = profile(model, o["model"], drafter, o.get("drafter"), refresh=o["refresh"])
+    print(json.dumps(r, indent=1) if o.get("json") else format_profile(r))
 
 
 def cmd_distill(args):
@@ -188,6 +202,18 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--gamma", type=int)
     d.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     d.set_defaults(func=cmd_demo)
+
+    f = sub.add_parser("profile", help="cost of verifying S positions, drafter cost, roofline")
+    f.add_argument("--model", help="target (default gemma3-270m)")
+    f.add_argument("--drafter", help="ngram[:N], layerskip:LAYERS, or a drafter name or path")
+    f.add_argument("--json", action="store_true", default=None, help="print JSON")
+    f.add_argument("--refresh", action="store_true", default=None,
+                   help="measure again instead of reading the cached profile")
+    f.set_defaults(func=cmd_profile)
+
+    for s in (g, b, d, f):
+        s.add_argument("--dtype", choices=("float32", "bfloat16"),
+                       help="weight precision (activations stay float32)")
 
     for name, func, text in (
             ("distill", cmd_distill, "self-distillation: the target answers training prompts"),

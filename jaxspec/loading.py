@@ -132,7 +132,12 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
 def load(name_or_path: str | os.PathLike, dtype=jnp.float32, cache: bool = True) -> Model:
     """Load a registered model name, a `.gguf` file, a Hugging Face directory, or a jaxspec
     checkpoint directory. Converted GGUF files are cached under `$JAXSPEC_CACHE` (default
-    ~/.cache/jaxspec) and reused."""
+    ~/.cache/jaxspec) and reused.
+
+    `dtype` is the weights' precision: float32 (exact, the default) or bfloat16 (half the bytes
+    per step; products accumulate in float32 and activations stay float32)."""
+    if str(dtype) not in ("float32", "bfloat16") and dtype not in (jnp.float32, jnp.bfloat16):
+        raise UserError(f"dtype must be float32 or bfloat16, got {dtype}")
     name = str(name_or_path)
     path = resolve(name)
     if not path.exists():

@@ -1,31 +1,33 @@
-"""transformers (PyTorch, fp32) on the same weights: plain and assisted generation."""
+"""transformers (PyTorch, in the jaxspec model's precision) on the same weights: plain and
+assisted generation."""
 
 from __future__ import annotations
 
 import tempfile
 import time
-from pathlib import Path
 
 
 def _hf_model(name: str, jax_model):
-    """The transformers model for a jaxspec model: its GGUF when it came from one, else an
-    export of its params."""
+    """The transformers model for a jaxspec model, in its precision: its GGUF when it came from
+    one, else an export of its params."""
+    import jax
     import torch
     from transformers import AutoModelForCausalLM
 
     from jaxspec.checkpoints.hf import export_hf_dir
-    from jaxspec.loading import REGISTRY
+    from jaxspec.loading import resolve
 
-    path = REGISTRY[name]() if name in REGISTRY else Path(name)
+    path = resolve(name)
+    dtype = getattr(torch, str(jax.tree.leaves(jax_model.params)[0].dtype))
     if path.is_file():
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                     dtype=torch.float32)
+                                                     dtype=dtype)
     elif (path / "config.json").exists():
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     else:
         with tempfile.TemporaryDirectory() as tmp:
             export_hf_dir(jax_model.params, jax_model.config, tmp)
-            model = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(tmp, dtype=dtype)
     return model.eval()
 
 

@@ -88,14 +88,15 @@ class _JaxRunner:
 
 def run_bench(target: str, questions: str, methods: Sequence[Method], out_dir: str, *,
               max_new_tokens: int = 64, template: str = "{prompt}", chat: bool = False,
-              stop=None, limit: int | None = None, seed: int = 0) -> dict[str, Path]:
+              stop=None, limit: int | None = None, seed: int = 0,
+              dtype: str = "float32") -> dict[str, Path]:
     """Answer every question with every method; returns {method name: answer file}."""
     import jaxspec
 
     qs = read_questions(questions)[:limit]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = jaxspec.load(target)
+    model = jaxspec.load(target, dtype=dtype)
     files = {}
     for m in methods:
         path = files[m.name] = out / f"{m.name}.jsonl"

@@ -245,6 +245,6 @@ def speculative_generate(target, drafter, prompts, gamma: int = 4,
     call, and each row keeps what it accepts. Greedy output equals `generate`'s; sampled output
     has exactly the target's distribution."""
     if drafter is None:
-        raise ValueError("speculative_generate needs a drafter; use generate without one")
+        raise UserError("speculative_generate needs a drafter; use generate without one")
     return _DECODER(target, drafter, prompts, gamma=gamma, max_new_tokens=max_new_tokens,
                     sampling=Sampling(temperature, top_k, top_p), seed=seed, stop=stop, chat=chat)

@@ -28,10 +28,6 @@ class KVCache:
     def max_len(self) -> int:
         return self.keys[0].shape[1]
 
-    @property
-    def batch(self) -> int:
-        return self.keys[0].shape[0]
-
 
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32,
                num_layers: int | None = None) -> KVCache:

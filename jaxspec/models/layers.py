@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.config import RopeScaling
+from jaxspec.errors import UserError
 
 _MASKED = -1e30  # finite, so a fully masked (padding) query gives a uniform softmax, not NaN
 
@@ -49,7 +50,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> j
     if scaling.kind == "linear":
         return inv / scaling.factor
     if scaling.kind != "llama3":
-        raise ValueError(f"unsupported rope scaling {scaling.kind!r}; use 'linear' or 'llama3'")
+        raise UserError(f"unsupported rope scaling {scaling.kind!r}; use 'linear' or 'llama3'")
     low_wavelen = scaling.original_max_position / scaling.low_freq_factor
     high_wavelen = scaling.original_max_position / scaling.high_freq_factor
     wavelen = 2 * math.pi / inv

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.config import ModelConfig
+from jaxspec.errors import UserError
 
 
 def param_axes(config: ModelConfig) -> dict:
@@ -67,16 +68,16 @@ def init_params(config: ModelConfig, key, dtype=jnp.float32, std: float = 0.02) 
 
 
 def check_params(params: dict, config: ModelConfig) -> None:
-    """Raise ValueError naming the first param whose presence or shape disagrees with config."""
+    """Raise UserError naming the first param whose presence or shape disagrees with config."""
     want = param_shapes(config)
     want_flat = dict(jax.tree.flatten_with_path(want, is_leaf=lambda x: isinstance(x, tuple))[0])
     got_flat = dict(jax.tree.flatten_with_path(params)[0])
     for path in want_flat.keys() - got_flat.keys():
-        raise ValueError(f"param {jax.tree_util.keystr(path)} is missing")
+        raise UserError(f"param {jax.tree_util.keystr(path)} is missing")
     for path in got_flat.keys() - want_flat.keys():
-        raise ValueError(f"unexpected param {jax.tree_util.keystr(path)}")
+        raise UserError(f"unexpected param {jax.tree_util.keystr(path)}")
     for path, shape in want_flat.items():
         if tuple(got_flat[path].shape) != shape:
-            raise ValueError(f"param {jax.tree_util.keystr(path)} has shape "
+            raise UserError(f"param {jax.tree_util.keystr(path)} has shape "
                              f"{tuple(got_flat[path].shape)}, config expects {shape}")
 

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.config import ModelConfig
+from jaxspec.errors import UserError
 from jaxspec.models import layers as L
 from jaxspec.models.cache import KVCache
 
@@ -52,9 +53,9 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
     """
     layer_ids = tuple(range(config.num_layers)) if layers is None else tuple(layers)
     if cache.num_layers != len(layer_ids):
-        raise ValueError(f"cache has {cache.num_layers} layers, model runs {len(layer_ids)}")
+        raise UserError(f"cache has {cache.num_layers} layers, model runs {len(layer_ids)}")
     if tokens_BxS.shape[1] > cache.max_len:
-        raise ValueError(f"{tokens_BxS.shape[1]} tokens do not fit a cache of {cache.max_len} "
+        raise UserError(f"{tokens_BxS.shape[1]} tokens do not fit a cache of {cache.max_len} "
                          f"slots")
     embed_VxD = params["embed"]
     x = embed_VxD[tokens_BxS].astype(jnp.float32)  # activations are float32 in every precision

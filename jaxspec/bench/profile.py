@@ -1,0 +1,135 @@
+"""`jaxspec profile`: what a target call over S new positions costs next to one position, what
+a drafter costs per drafted token, and how close a step comes to the memory roofline.
+
+Results are cached per (model, dtype, machine) under `$JAXSPEC_CACHE/profile/`, so planners
+(adaptive gamma) read them without measuring again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.decoding.sampling import Sampling
+from jaxspec.loading import cache_root
+from jaxspec.models.cache import init_cache
+from jaxspec.models.transformer import forward
+from jaxspec.training.distill import write_atomic
+
+SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def _best_of(fn, repeats: int) -> float:
+    """Seconds of the fastest of `repeats` calls, after one warm-up call."""
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def bandwidth_gbs(gib: float = 1.0, repeats: int = 5) -> float:
+    """Memory read bandwidth (GB/s) of a jitted sum over `gib` GiB of float32."""
+    x = jnp.ones((int(gib * 2**28),), jnp.float32)
+    total = jax.jit(jnp.sum)
+    seconds = _best_of(lambda: total(x), repeats)
+    del x
+    return gib * 2**30 / seconds / 1e9
+
+
+def step_bytes(model, cache_len: int) -> int:
+    """Bytes a decode step must read: every weight once, plus the keys/values of the cache."""
+    weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
+    c = model.config
+    return weights + 2 * c.num_layers * cache_len * c.num_kv_heads * c.head_dim * 4
+
+
+def target_ms(model, sizes=SIZES, cache_len: int = 256, repeats: int = 10) -> dict[int, float]:
+    """Milliseconds of one target forward over S new positions (batch 1), for each S."""
+    c = model.config
+    fwd = jax.jit(lambda p, t, pos, cache: forward(p, c, t, pos, cache)[0])
+    cache = init_cache(c, 1, cache_len)
+    out = {}
+    for S in sizes:
+        tokens = jnp.ones((1, S), jnp.int32)
+        positions = jnp.arange(S)[None] + cache_len // 2
+        out[S] = 1e3 * _best_of(lambda: fwd(model.params, tokens, positions, cache), repeats)
+    return out
+
+
+def drafter_ms(drafter, vocab_size: int, gamma: int = 4, cache_len: int = 256,
+               repeats: int = 10) -> float:
+    """Milliseconds per drafted token: one greedy `propose` of `gamma` tokens, divided by gamma."""
+    spec = drafter.spec
+    tokens = jnp.ones((1, cache_len), jnp.int32)
+    lengths = jnp.array([cache_len // 2], jnp.int32)
+    state = jax.jit(spec.init)(drafter.params, tokens, lengths)
+    propose = jax.jit(lambda p, s, t, n, k: spec.propose(p, s, t, n, k, Sampling(), gamma,
+                                                         vocab_size)[0])
+    key = jax.random.key(0)
+    ms = 1e3 * _best_of(lambda: propose(drafter.params, state, tokens, lengths, key), repeats)
+    return ms / gamma
+
+
+def machine_id() -> str:
+    """Processor, core count and backend: the profile of one machine does not hold on another."""
+    cpu = platform.processor() or platform.machine()
+    if os.path.exists("/proc/cpuinfo"):
+        names = [l for l in open("/proc/cpuinfo") if l.startswith("model name")]
+        cpu = names[0].split(":", 1)[1].strip() if names else cpu
+    devices = jax.devices()
+    return f"{cpu}|{os.cpu_count()} cores|{devices[0].device_kind} x{len(devices)}|jax {jax.__version__}"
+
+
+def _cache_path(model_name: str, dtype: str, drafter: str | None):
+    key = hashlib.sha256(f"{model_name}|{dtype}|{drafter}|{machine_id()}".encode()).hexdigest()
+    return cache_root() / "profile" / f"{key[:16]}.json"
+
+
+def profile(model, model_name: str, drafter=None, drafter_name: str | None = None,
+            refresh: bool = False, cache_len: int = 256) -> dict:
+    """Measure (or read from the cache) the cost curve of `model` and the cost of `drafter`."""
+    dtype = str(jax.tree.leaves(model.params)[0].dtype)
+    path = _cache_path(model_name, dtype, drafter_name)
+    if path.exists() and not refresh:
+        return json.loads(path.read_text())
+    ms = target_ms(model, cache_len=cache_len)
+    bw = bandwidth_gbs()
+    nbytes = step_bytes(model, cache_len)
+    result = {
+        "model": model_name, "dtype": dtype, "machine": machine_id(), "cache_len": cache_len,
+        "target_ms": {str(s): round(t, 3) for s, t in ms.items()},
+        "relative_cost": {str(s): round(t / ms[1], 3) for s, t in ms.items()},
+        "bytes_per_step": nbytes, "bandwidth_gbs": round(bw, 2),
+        "roofline_fraction": round(nbytes / (ms[1] / 1e3) / (bw * 1e9), 3),
+    }
+    if drafter is not None:
+        d_ms = drafter_ms(drafter, model.config.vocab_size, cache_len=cache_len)
+        result.update(drafter=drafter_name, drafter_ms_per_token=round(d_ms, 3),
+                      c=round(d_ms / ms[1], 4))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, json.dumps(result, indent=1))
+    return result
+
+
+def format_profile(r: dict) -> str:
+    lines = [f"{r['model']} ({r['dtype']}), {r['machine']}",
+             "S        " + " ".join(f"{s:>7}" for s in r["target_ms"]),
+             "ms       " + " ".join(f"{t:7.1f}" for t in r["target_ms"].values()),
+             "c(S)/c(1)" + " ".join(f"{t:7.2f}" for t in r["relative_cost"].values()),
+             f"a step reads {r['bytes_per_step'] / 1e6:.0f} MB; measured bandwidth "
+             f"{r['bandwidth_gbs']:.1f} GB/s; one-position step at "
+             f"{100 * r['roofline_fraction']:.0f}% of that roofline"]
+    if "c" in r:
+        lines.append(f"drafter {r['drafter']}: {r['drafter_ms_per_token']:.2f} ms per drafted "
+                     f"token, c = {r['c']:.3f} of a target step")
+    return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""`linear`, the model's one matrix product, against a float64 numpy product; chunked prefill
+against a single forward; bfloat16 weights against float32."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxspec.config import ModelConfig
+from jaxspec.models import layers as L
+from jaxspec.models.cache import init_cache
+from jaxspec.models.params import init_params
+from jaxspec.models.transformer import fill_cache, forward
+
+SHAPES = [(1, 1, 16, 24), (1, 2, 16, 24), (2, 1, 40, 97), (1, 3, 64, 1001), (3, 5, 17, 130),
+          (1, 16, 32, 257)]
+
+
+def _case(B, S, D, F, seed):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((B, S, D)).astype(np.float32), \
+        rng.standard_normal((D, F)).astype(np.float32)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("w_in_axis", [0, 1])
+def test_float32_linear_equals_the_plain_product(shape, w_in_axis):
+    x, w_DxF = _case(*shape, seed=sum(shape))
+    w = w_DxF if w_in_axis == 0 else np.ascontiguousarray(w_DxF.T)
+    want = np.einsum("bsd,df->bsf", x.astype(np.float64), w_DxF.astype(np.float64))
+    got = jax.jit(L.linear, static_argnums=2)(jnp.asarray(x), jnp.asarray(w), w_in_axis)
+    assert got.dtype == jnp.float32 and got.shape == want.shape
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_bfloat16_linear_accumulates_in_float32(shape):
+    """Single rows take the padded path on CPU; every shape must equal the float64 product of
+    the bfloat16-rounded inputs, to float32 accumulation error."""
+    x, w = _case(*shape, seed=sum(shape) + 1)
+    xb, wb = (np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32), np.float64)
+              for a in (x, w))
+    want = np.einsum("bsd,df->bsf", xb, wb)
+    got = jax.jit(L.linear)(jnp.asarray(x), jnp.asarray(w, jnp.bfloat16))
+    assert got.dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+CONFIG = ModelConfig(arch="gemma3", vocab_size=80, hidden_size=32, num_layers=2, num_heads=4,
+                     num_kv_heads=2, head_dim=8, intermediate_size=48, max_position=512,
+                     sliding_window=5, layer_types=("sliding", "full"))
+
+
+@pytest.mark.parametrize("n_B", [(1, 1), (7, 30), (64, 3), (65, 100)])
+def test_fill_cache_in_chunks_equals_one_forward(n_B):
+    """Chunks of 16 over a 128-slot cache: each row's first n slots equal one full forward's."""
+    params = init_params(CONFIG, jax.random.key(0), std=0.3)
+    B, T = 2, 128
+    tokens = np.random.default_rng(1).integers(0, 80, (B, T)).astype(np.int32)
+    n = jnp.asarray(n_B, jnp.int32)
+    chunked = jax.jit(fill_cache, static_argnames=("config", "layers", "chunk"))(
+        params, CONFIG, jnp.asarray(tokens), n, init_cache(CONFIG, B, T), chunk=16)
+    positions = jnp.broadcast_to(jnp.arange(T), (B, T))
+    _, whole = forward(params, CONFIG, jnp.asarray(tokens), positions, init_cache(CONFIG, B, T))
+    for layer in range(CONFIG.num_layers):
+        for b, length in enumerate(n_B):
+            for got, want in ((chunked.keys[layer], whole.keys[layer]),
+                              (chunked.values[layer], whole.values[layer])):
+                np.testing.assert_allclose(np.asarray(got[b, :length]),
+                                           np.asarray(want[b, :length]), atol=2e-5)
+
+
+def test_bfloat16_weights_stay_close_to_float32():
+    params = init_params(CONFIG, jax.random.key(2), std=0.3)
+    tokens = jnp.asarray(np.random.default_rng(3).integers(0, 80, (2, 9)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(9), (2, 9))
+    f32 = forward(params, CONFIG, tokens, positions, init_cache(CONFIG, 2, 16))[0]
+    bf16_params = jax.tree.map(lambda p: p.astype(jnp.bfloat16), params)
+    bf16 = forward(bf16_params, CONFIG, tokens, positions, init_cache(CONFIG, 2, 16))[0]
+    assert bf16.dtype == jnp.float32
+    err = float(jnp.max(jnp.abs(bf16 - f32)) / jnp.max(jnp.abs(f32)))
+    assert 1e-5 < err < 3e-2  # rounded, so not equal; close enough to keep most argmaxes
+    agree = float(jnp.mean(jnp.argmax(bf16, -1) == jnp.argmax(f32, -1)))
+    assert agree >= 0.8
