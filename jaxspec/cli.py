@@ -120,8 +120,10 @@ def cmd_export(args):
 def cmd_demo(args):
     from jaxspec import demo
 
-    o = _options(args, {"target": "gemma3-270m", "gamma": 4, "max_new_tokens": 48})
-    rows = demo.run(o["target"], o.get("drafter"), o["gamma"], o["max_new_tokens"])
+    o = _options(args, {"target": "gemma3-270m", "gamma": 4, "max_new_tokens": 48,
+                        "dtype": "bfloat16"})
+    rows = demo.run(o["target"], o.get("drafter"), o["gamma"], o["max_new_tokens"],
+                    dtype=o["dtype"])
     if not all(r["identical"] for r in rows):
         raise SystemExit(1)
 

@@ -40,13 +40,16 @@ def pick_drafter(target, drafter: str | None):
 
 
 def run(target: str = "gemma3-270m", drafter: str | None = None, gamma: int = 4,
-        max_new_tokens: int = 48, out=None) -> list[dict]:
+        max_new_tokens: int = 48, out=None, dtype: str = "bfloat16") -> list[dict]:
+    """bfloat16 weights by default: on CPU they make verifying several positions cost about
+    what one does (README, "Results"); "identical" compares with greedy decoding of the same
+    weights."""
     import jaxspec
 
     out = out or sys.stdout
-    model = jaxspec.load(target)
+    model = jaxspec.load(target, dtype=dtype)
     d, desc = pick_drafter(model, drafter)
-    print(f"target: {target}   drafter: {desc}   gamma: {gamma}", file=out)
+    print(f"target: {target} ({dtype})   drafter: {desc}   gamma: {gamma}", file=out)
     rows = []
     for lang, sentence in SENTENCES.items():
         p = prompt(lang, sentence)

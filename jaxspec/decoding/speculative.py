@@ -56,7 +56,7 @@ def verify(target_params, config, state: DecodeState, draft_BxG):
     B, G = draft_BxG.shape
     last_Bx1 = jnp.take_along_axis(state.tokens_BxT, (state.lengths_B - 1)[:, None], axis=1)
     feed_BxG1 = jnp.concatenate([last_Bx1, draft_BxG], axis=1)
-    positions_BxG1 = state.lengths_B[:, None] + jnp.arange(G + 1)
+    positions_BxG1 = state.lengths_B[:, None] - 1 + jnp.arange(G + 1)
     return forward(target_params, config, feed_BxG1, positions_BxG1, state.target_cache)
 
 
