@@ -72,7 +72,7 @@ def cmd_bench(args):
         if "ar" not in run["methods"]:
             run["methods"] = ["ar", *run["methods"]]
         methods = specbench.parse_methods(run["methods"], run["gammas"], run["temperatures"])
-        out = Path(run["out_dir"]) / Path(run["target"]).name
+        out = Path(run["out_dir"]) / f"{Path(run['target']).name}-{run['dtype']}"
         files = specbench.run_bench(
             run["target"], run["questions"], methods, str(out),
             max_new_tokens=run["max_new_tokens"], template=run.get("template") or "{prompt}",
@@ -81,7 +81,7 @@ def cmd_bench(args):
         baseline = next(m.name for m in methods if m.kind == "ar" and m.temperature ==
                         run["temperatures"][0])
         refs = read_references(run["references"]) if run.get("references") else None
-        results[run["target"]] = report(files, baseline, out, refs)
+        results[f"{run['target']} ({run['dtype']})"] = report(files, baseline, out, refs)
         print((out / "report.md").read_text())
     Path(o["out_dir"]).mkdir(parents=True, exist_ok=True)
     (Path(o["out_dir"]) / "results.json").write_text(json.dumps(results, indent=2))

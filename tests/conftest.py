@@ -26,3 +26,20 @@ def gemma3():
     import jaxspec
 
     return jaxspec.load("gemma3-270m")
+
+
+@pytest.fixture
+def recording(monkeypatch):
+    """recording(name) replaces jaxspec.<name> by a wrapper and returns the list of its results."""
+    import jaxspec
+
+    def install(name):
+        results, real = [], getattr(jaxspec, name)
+
+        def record(*args, **kw):
+            results.append(real(*args, **kw))
+            return results[-1]
+
+        monkeypatch.setattr(jaxspec, name, record)
+        return results
+    return install

@@ -107,14 +107,14 @@ def profile(model, model_name: str, drafter=None, drafter_name: str | None = Non
     nbytes = step_bytes(model, cache_len)
     result = {
         "model": model_name, "dtype": dtype, "machine": machine_id(), "cache_len": cache_len,
-        "target_ms": {str(s): round(t, 3) for s, t in ms.items()},
+        "target_ms": {str(s): round(t, 4) for s, t in ms.items()},
         "relative_cost": {str(s): round(t / ms[1], 3) for s, t in ms.items()},
         "bytes_per_step": nbytes, "bandwidth_gbs": round(bw, 2),
         "roofline_fraction": round(nbytes / (ms[1] / 1e3) / (bw * 1e9), 3),
     }
     if drafter is not None:
         d_ms = drafter_ms(drafter, model.config.vocab_size, cache_len=cache_len)
-        result.update(drafter=drafter_name, drafter_ms_per_token=round(d_ms, 3),
+        result.update(drafter=drafter_name, drafter_ms_per_token=round(d_ms, 4),
                       c=round(d_ms / ms[1], 4))
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(result, indent=1))

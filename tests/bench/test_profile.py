@@ -27,7 +27,7 @@ def test_profile_measures_every_size_and_the_drafter(model, tmp_path, monkeypatc
     assert r["relative_cost"]["1"] == 1.0
     assert all(t > 0 for t in r["target_ms"].values())
     assert r["drafter_ms_per_token"] > 0 and r["c"] == pytest.approx(
-        r["drafter_ms_per_token"] / r["target_ms"]["1"], rel=1e-2)
+        r["drafter_ms_per_token"] / r["target_ms"]["1"], rel=0.05)
     weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
     assert r["bytes_per_step"] == weights + 2 * 2 * 256 * 2 * 8 * 4
     assert r["bandwidth_gbs"] > 0 and r["roofline_fraction"] > 0

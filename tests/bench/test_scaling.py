@@ -14,19 +14,7 @@ from jaxspec.training import drafter_init, recipe
 CONFIGS = Path(__file__).parents[2] / "configs"
 
 
-def _recording(monkeypatch, name):
-    """Replace jaxspec.<name> by a wrapper that keeps each result."""
-    results, real = [], getattr(jaxspec, name)
-
-    def record(*args, **kw):
-        results.append(real(*args, **kw))
-        return results[-1]
-
-    monkeypatch.setattr(jaxspec, name, record)
-    return results
-
-
-def test_scaling_rows_follow_the_recipe_checkpoints(tmp_path, monkeypatch):
+def test_scaling_rows_follow_the_recipe_checkpoints(tmp_path, recording):
     # Finetuning with ce over a full head: every response token is a logged target.
     cfg = load_yaml(CONFIGS / "tiny.yaml", [f"distill.out_dir={tmp_path / 'distill'}",
                                             f"train.workdir={tmp_path / 'train'}",
@@ -54,8 +42,8 @@ def test_scaling_rows_follow_the_recipe_checkpoints(tmp_path, monkeypatch):
     questions.write_text("".join(json.dumps({"question_id": i, "category": "deen",
                                              "turns": [f"Translate German to English:{t}"]}) + "\n"
                                  for i, t in enumerate(["Guten Morgen", "Danke schön"])))
-    greedy = _recording(monkeypatch, "generate")
-    spec = _recording(monkeypatch, "speculative_generate")
+    greedy = recording("generate")
+    spec = recording("speculative_generate")
     rows = scaling.measure(cfg, str(questions), limit=2, gamma=2, max_new_tokens=6)
     assert [r["step"] for r in rows] == [0, 2]
     assert [r["finetune_tokens"] for r in rows] == [0, seen[2]]

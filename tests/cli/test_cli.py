@@ -161,9 +161,9 @@ def test_bench_writes_answers_and_report(tiny_model, questions, tmp_path, capsys
     out_dir = tmp_path / "bench"
     cli.main(["bench", "--questions", str(questions), "--target", str(tiny_model),
               "--methods", "ar", "ngram:2", "layerskip:1", "--max-new-tokens", "8",
-              "--out-dir", str(out_dir)])
+              "--out-dir", str(out_dir), "--dtype", "bfloat16"])
     printed = capsys.readouterr().out
-    run_dir = out_dir / tiny_model.name
+    run_dir = out_dir / f"{tiny_model.name}-bfloat16"
     answers = {p.stem: p for p in run_dir.glob("*.jsonl")}
     assert set(answers) == {"ar-t0", "ngram-2-g4-t0", "layerskip-1-g4-t0"}
     from jaxspec.bench.questions import read_answers
@@ -183,7 +183,7 @@ def test_bench_writes_answers_and_report(tiny_model, questions, tmp_path, capsys
     for name in ("ngram", "layerskip"):
         assert name in report
     results = json.loads((out_dir / "results.json").read_text())
-    assert str(tiny_model) in results
+    assert f"{tiny_model} (bfloat16)" in results
 
 
 # Each bad input, run once as a subprocess (the exit status and stderr a user sees); the tests

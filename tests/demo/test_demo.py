@@ -8,24 +8,12 @@ from jaxspec import demo
 from jaxspec.cli import main
 
 
-def _recording(monkeypatch, name):
-    """Replace jaxspec.<name> by a wrapper that keeps each result."""
-    results, real = [], getattr(jaxspec, name)
-
-    def record(*args, **kw):
-        results.append(real(*args, **kw))
-        return results[-1]
-
-    monkeypatch.setattr(jaxspec, name, record)
-    return results
-
-
-def test_demo_translates_five_languages_identically_to_greedy(capsys, monkeypatch):
+def test_demo_translates_five_languages_identically_to_greedy(capsys, monkeypatch, recording):
     rows = []
     run = demo.run
     monkeypatch.setattr(demo, "run", lambda *a, **k: rows.extend(run(*a, **k)) or rows)
-    greedy = _recording(monkeypatch, "generate")
-    spec = _recording(monkeypatch, "speculative_generate")
+    greedy = recording("generate")
+    spec = recording("speculative_generate")
     main(["demo", "max_new_tokens=12"])
     out = capsys.readouterr().out
     assert [r["language"] for r in rows] == list(demo.SENTENCES)
