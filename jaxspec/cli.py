@@ -21,6 +21,11 @@ def _options(args, defaults: dict) -> dict:
     return merge(cfg, flags)
 
 
+def _gamma(text: str):
+    """A draft length, or "auto" (each row picks its own every step)."""
+    return text if text == "auto" else int(text)
+
+
 def _add_common(p: argparse.ArgumentParser):
     p.add_argument("--config", help="YAML file of options (flags and key=value override it)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
@@ -120,7 +125,7 @@ def cmd_export(args):
 def cmd_demo(args):
     from jaxspec import demo
 
-    o = _options(args, {"target": "gemma3-270m", "gamma": 4, "max_new_tokens": 48,
+    o = _options(args, {"target": "gemma3-270m", "gamma": "auto", "max_new_tokens": 48,
                         "dtype": "bfloat16"})
     rows = demo.run(o["target"], o.get("drafter"), o["gamma"], o["max_new_tokens"],
                     dtype=o["dtype"])
@@ -130,7 +135,7 @@ def cmd_demo(args):
 
 def cmd_profile(args):
     import jaxspec
-    from jaxspec.bench.profile import format_profile, profile
+    from jaxspec.decoding.profile import format_profile, profile
     from jaxspec.loading import parse_drafter
 
     o = _options(args, {"model": "gemma3-270m", "dtype": "float32", "refresh": False})
@@ -138,6 +143,25 @@ def cmd_profile(args):
     drafter = parse_drafter(o["drafter"], model) if o.get("drafter") else None
     r = profile(model, o["model"], drafter, o.get("drafter"), refresh=o["refresh"])
     print(json.dumps(r, indent=1) if o.get("json") else format_profile(r))
+
+
+def cmd_plan(args):
+    import jaxspec
+    from jaxspec.decoding.profile import plan_drafter
+    from jaxspec.bench.questions import read_questions
+    from jaxspec.loading import parse_drafter
+
+    o = _options(args, {"model": "gemma3-270m", "dtype": "float32", "gamma_max": 8,
+                        "max_new_tokens": 64, "limit": 10, "template": "{prompt}"})
+    if not o.get("drafter") or not (o.get("prompt") or o.get("questions")):
+        raise SystemExit("jaxspec plan: give --drafter and --prompt or --questions")
+    prompts = o.get("prompt") or [q["turns"][0] for q in read_questions(o["questions"])]
+    prompts = [o["template"].format(prompt=p) for p in prompts[:o["limit"]]]
+    model = jaxspec.load(o["model"], dtype=o["dtype"])
+    p = plan_drafter(model, o["model"], parse_drafter(o["drafter"], model), o["drafter"],
+                     prompts, o["gamma_max"], o["max_new_tokens"], chat=bool(o.get("chat")),
+                     stop=o.get("stop"))
+    print(p.describe())
 
 
 def cmd_distill(args):
@@ -160,7 +184,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--model", help="registered name, .gguf, HF dir or jaxspec checkpoint")
     g.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
     g.add_argument("--drafter", help="ngram[:N], layerskip:LAYERS, or a drafter path")
-    g.add_argument("--gamma", type=int, help="draft length (default 4)")
+    g.add_argument("--gamma", type=_gamma, help="draft length, or auto (default 4)")
     g.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     g.add_argument("--temperature", type=float, help="0 is greedy (default)")
     g.add_argument("--top-k", dest="top_k", type=int)
@@ -175,7 +199,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--target", help="target model")
     b.add_argument("--methods", nargs="+", help="ar ngram[:N] layerskip:L drafter:PATH hf "
                                                 "hf-assisted:PATH")
-    b.add_argument("--gammas", nargs="+", type=int, help="draft lengths (default 4)")
+    b.add_argument("--gammas", nargs="+", type=_gamma, help="draft lengths or auto (default 4)")
     b.add_argument("--temperatures", nargs="+", type=float, help="default 0 (greedy)")
     b.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     b.add_argument("--template", help="prompt template with {prompt}")
@@ -201,7 +225,7 @@ def parser() -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="translate 5 languages to English with speculative decoding")
     d.add_argument("--target")
     d.add_argument("--drafter", help="a trained drafter (name or path); default: n-gram lookup")
-    d.add_argument("--gamma", type=int)
+    d.add_argument("--gamma", type=_gamma, help="draft length, or auto")
     d.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     d.set_defaults(func=cmd_demo)
 
@@ -213,7 +237,20 @@ def parser() -> argparse.ArgumentParser:
                    help="measure again instead of reading the cached profile")
     f.set_defaults(func=cmd_profile)
 
-    for s in (g, b, d, f):
+    n = sub.add_parser("plan", help="expected speedup of each gamma for a drafter (cost model)")
+    n.add_argument("--model", help="target (default gemma3-270m)")
+    n.add_argument("--drafter", help="ngram[:N], layerskip:LAYERS, or a drafter name or path")
+    n.add_argument("--prompt", action="append", help="a prompt to measure acceptance on")
+    n.add_argument("--questions", help="or a Spec-Bench question.jsonl")
+    n.add_argument("--limit", type=int, help="prompts used (default 10)")
+    n.add_argument("--template", help="prompt template with {prompt}")
+    n.add_argument("--gamma-max", dest="gamma_max", type=int, help="largest gamma (default 8)")
+    n.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
+    n.add_argument("--stop", help="stop token (single-token string)")
+    n.add_argument("--chat", action="store_true", default=None, help="apply the chat template")
+    n.set_defaults(func=cmd_plan)
+
+    for s in (g, b, d, f, n):
         s.add_argument("--dtype", choices=("float32", "bfloat16"),
                        help="weight precision (activations stay float32)")
 

@@ -39,11 +39,11 @@ def pick_drafter(target, drafter: str | None):
     return jaxspec.ngram_drafter(3), "n-gram prompt lookup (untrained; pass --drafter to use one)"
 
 
-def run(target: str = "gemma3-270m", drafter: str | None = None, gamma: int = 4,
+def run(target: str = "gemma3-270m", drafter: str | None = None, gamma: int | str = "auto",
         max_new_tokens: int = 48, out=None, dtype: str = "bfloat16") -> list[dict]:
     """bfloat16 weights by default: on CPU they make verifying several positions cost about
     what one does (README, "Results"); "identical" compares with greedy decoding of the same
-    weights."""
+    weights. gamma "auto" lets each step pick its draft length from the cost model."""
     import jaxspec
 
     out = out or sys.stdout
@@ -56,13 +56,16 @@ def run(target: str = "gemma3-270m", drafter: str | None = None, gamma: int = 4,
         base = jaxspec.generate(model, [p], max_new_tokens=max_new_tokens, stop="\n")
         spec = jaxspec.speculative_generate(model, d, [p], gamma=gamma,
                                             max_new_tokens=max_new_tokens, stop="\n")
+        drafted = spec.draft_lengths[0]
         row = {"language": lang, "source": sentence, "translation": spec.texts[0].strip(),
-               "tau": spec.tau, "tokens_per_s": spec.tokens_per_s,
+               "tau": spec.tau, "mean_gamma": sum(drafted) / max(len(drafted), 1),
+               "tokens_per_s": spec.tokens_per_s,
                "baseline_tokens_per_s": base.tokens_per_s,
                "identical": spec.token_ids == base.token_ids}
         rows.append(row)
         print(f"\n[{lang}] {sentence}\n  -> {row['translation']}\n"
-              f"  tau {row['tau']:.2f}   {row['tokens_per_s']:.1f} tok/s speculative vs "
+              f"  tau {row['tau']:.2f}   mean gamma {row['mean_gamma']:.2f}   "
+              f"{row['tokens_per_s']:.1f} tok/s speculative vs "
               f"{row['baseline_tokens_per_s']:.1f} tok/s autoregressive "
               f"({row['tokens_per_s'] / max(row['baseline_tokens_per_s'], 1e-9):.2f}x)   "
               f"identical to greedy: {'yes' if row['identical'] else 'NO'}", file=out)

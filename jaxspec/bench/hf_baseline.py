@@ -64,7 +64,9 @@ class HFRunner:
             kw.update(do_sample=True, temperature=self.method.temperature, top_k=0)
         else:
             kw.update(do_sample=False)
-        if self.assistant is not None:
+        if self.assistant is not None and self.method.gamma == "auto":
+            kw.update(assistant_model=self.assistant, num_assistant_tokens_schedule="heuristic")
+        elif self.assistant is not None:
             kw.update(assistant_model=self.assistant, num_assistant_tokens=self.method.gamma,
                       num_assistant_tokens_schedule="constant")
         torch.manual_seed(seed)

@@ -179,7 +179,8 @@ def report(
     plots = ["tokens_per_s.png", "accept_lengths.png"]
     gammas = {n: _gamma(answers[n], n) for n in names}
     points = [
-        (n, g, summaries[n]["overall"]["speedup"]) for n, g in gammas.items() if g is not None
+        (n, g, summaries[n]["overall"]["speedup"]) for n, g in gammas.items()
+        if isinstance(g, int)  # not None (no draft) nor "auto"
     ]
     if len({g for _, g, _ in points}) >= 2:
         plot_speedup_vs_gamma(points, out / "speedup_vs_gamma.png")

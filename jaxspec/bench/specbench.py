@@ -32,7 +32,7 @@ SPECULATIVE = ("ngram", "layerskip", "drafter", "hf-assisted")
 class Method:
     kind: str
     arg: str | None = None
-    gamma: int = 0
+    gamma: int | str = 0  # or "auto"
     temperature: float = 0.0
 
     @property
@@ -42,7 +42,7 @@ class Method:
         return f"{self.kind}{arg}{gamma}-t{self.temperature:g}"
 
 
-def parse_methods(specs: Sequence[str], gammas: Sequence[int],
+def parse_methods(specs: Sequence[str], gammas: Sequence[int | str],
                   temperatures: Sequence[float]) -> list[Method]:
     out = []
     for spec in specs:

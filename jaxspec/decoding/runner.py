@@ -31,7 +31,8 @@ class GenerationResult:
     acceptance_rate: float | None  # accepted drafts / proposed drafts; None without a drafter
     wall_time_s: float  # prefill + decode, compile excluded
     compile_time_s: float
-    gamma: int = 0
+    gamma: int = 0  # the draft length, or its maximum with gamma="auto"
+    draft_lengths: list[list[int]] = dataclasses.field(default_factory=list)  # per row and step
 
     @property
     def num_new_tokens(self) -> int:
@@ -109,9 +110,25 @@ def _check_tokenizers(target, drafter_model) -> None:
 
 def _check_gamma(gamma, drafter) -> None:
     if not isinstance(gamma, (int, np.integer)) or isinstance(gamma, bool):
-        raise UserError(f"gamma must be an int, got {gamma!r}")
+        raise UserError(f"gamma must be an int or 'auto', got {gamma!r}")
     if gamma < 0 or (drafter is not None and gamma < 1):
         raise UserError(f"gamma must be >= 1 with a drafter, got {gamma}")
+
+
+def _auto_costs(target, drafter, gamma_max: int, costs) -> tuple[float, ...]:
+    """Step cost of each draft length 0..gamma_max relative to a plain step: given, or from the
+    measured (and cached) profile of this target and drafter on this machine."""
+    if costs is None:
+        from jaxspec.decoding import plan, profile  # profile runs decoding: import when used
+
+        prof = profile.profile(target, target.name, drafter, drafter.name)
+        costs = [plan.step_cost(g, prof["relative_cost"], prof["c"])
+                 for g in range(gamma_max + 1)]
+    costs = tuple(float(c) for c in costs)
+    if len(costs) != gamma_max + 1 or min(costs) <= 0:
+        raise UserError(f"costs must be {gamma_max + 1} positive step costs (draft lengths "
+                        f"0..{gamma_max}), got {costs}")
+    return costs
 
 
 def _budgets(max_new_tokens, B: int) -> np.ndarray:
@@ -183,7 +200,11 @@ class Decoder:
         return self._compiled[key]
 
     def __call__(self, target, drafter, prompts, *, gamma, max_new_tokens, sampling, seed, stop,
-                 chat) -> GenerationResult:
+                 chat, gamma_max=4, costs=None) -> GenerationResult:
+        auto = isinstance(gamma, str)
+        if auto and gamma != "auto":
+            raise UserError(f"gamma must be an int or 'auto', got {gamma!r}")
+        gamma = gamma_max if auto else gamma
         _check_gamma(gamma, drafter)
         ids = encode_prompts(target, prompts, chat)
         for row in ids:
@@ -197,7 +218,8 @@ class Decoder:
             drafter = as_drafter(drafter)
             drafter.spec.validate(drafter.params, target)
         statics = dict(config=target.config, gamma=gamma, sampling=sampling,
-                       stop_ids=stop_ids(target, stop))
+                       stop_ids=stop_ids(target, stop),
+                       costs=_auto_costs(target, drafter, gamma, costs) if auto else None)
         args = (target.params, drafter, jnp.asarray(tokens), jnp.asarray(lengths_p),
                 jnp.asarray(max_new_p), jax.random.key(seed))
         t0 = time.perf_counter()
@@ -210,19 +232,22 @@ class Decoder:
 
 
 def _result(target, state, B, gamma, wall, compile_s) -> GenerationResult:
-    tokens, lengths, prompt_lengths, steps, gained = jax.device_get(
+    tokens, lengths, prompt_lengths, steps, gained, drafted = jax.device_get(
         (state.tokens_BxT, state.lengths_B, state.prompt_lengths_B, state.steps_B,
-         state.gained_BxN))
+         state.gained_BxN, state.gamma_BxN))
     token_ids = [tokens[b, prompt_lengths[b]:lengths[b]].tolist() for b in range(B)]
     accept = [gained[b, :steps[b]].tolist() for b in range(B)]
+    draft_lengths = [drafted[b, :steps[b]].tolist() for b in range(B)]
     flat = [a for row in accept for a in row]
     tau = float(np.mean(flat)) if flat else 0.0
     rate = None
     if gamma:
-        rate = float(sum(a - 1 for a in flat) / (gamma * len(flat))) if flat else 0.0
+        n_drafted = sum(map(sum, draft_lengths))
+        rate = float(sum(a - 1 for a in flat) / n_drafted) if n_drafted else 0.0
     tok = target.tokenizer
     texts = [tok.decode(t, skip_special_tokens=True) if tok is not None else "" for t in token_ids]
-    return GenerationResult(token_ids, texts, accept, tau, rate, wall, compile_s, gamma)
+    return GenerationResult(token_ids, texts, accept, tau, rate, wall, compile_s, gamma,
+                            draft_lengths)
 
 
 _DECODER = Decoder()
@@ -236,15 +261,21 @@ def generate(model, prompts, max_new_tokens: int | Sequence[int] = 64, temperatu
                     sampling=Sampling(temperature, top_k, top_p), seed=seed, stop=stop, chat=chat)
 
 
-def speculative_generate(target, drafter, prompts, gamma: int = 4,
+def speculative_generate(target, drafter, prompts, gamma: int | str = 4,
                          max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
                          top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-                         stop=None, chat: bool = False) -> GenerationResult:
+                         stop=None, chat: bool = False, gamma_max: int = 4,
+                         costs: Sequence[float] | None = None) -> GenerationResult:
     """Speculative decoding: `drafter` (a jaxspec Model or a Drafter from `layer_skip_drafter`,
     `ngram_drafter`, `model_drafter`) proposes `gamma` tokens, the target verifies them in one
     call, and each row keeps what it accepts. Greedy output equals `generate`'s; sampled output
-    has exactly the target's distribution."""
+    has exactly the target's distribution.
+
+    gamma="auto": each row picks its draft length (0 to `gamma_max`) every step from its
+    acceptance so far and the cost model (`costs`: the step cost of each length relative to a
+    plain step; by default measured by `jaxspec profile` and cached)."""
     if drafter is None:
         raise UserError("speculative_generate needs a drafter; use generate without one")
     return _DECODER(target, drafter, prompts, gamma=gamma, max_new_tokens=max_new_tokens,
-                    sampling=Sampling(temperature, top_k, top_p), seed=seed, stop=stop, chat=chat)
+                    sampling=Sampling(temperature, top_k, top_p), seed=seed, stop=stop, chat=chat,
+                    gamma_max=gamma_max, costs=costs)

@@ -6,6 +6,7 @@ autoregressive decoding, through the same code.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax.struct
@@ -13,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.config import ModelConfig
+from jaxspec.decoding.plan import choose_gamma
 from jaxspec.decoding.sampling import DraftProbs, Sampling, probs
 from jaxspec.models.cache import KVCache, init_cache
 from jaxspec.models.transformer import fill_cache, forward
@@ -30,6 +32,9 @@ class DecodeState:
     key: jnp.ndarray
     steps_B: jnp.ndarray  # verification steps taken per row
     gained_BxN: jnp.ndarray  # tokens gained at step n (accepted drafts + 1); N = T bounds steps
+    gamma_BxN: jnp.ndarray  # tokens drafted at step n
+    accepted_B: jnp.ndarray  # drafts accepted and tried, decayed by _MEMORY each step: the
+    tried_B: jnp.ndarray  # row's acceptance estimate for gamma="auto"
 
     @property
     def new_tokens_B(self):
@@ -48,7 +53,9 @@ def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_leng
     return DecodeState(
         tokens_BxT=tokens_BxT, lengths_B=prompt_lengths_B, prompt_lengths_B=prompt_lengths_B,
         max_new_B=max_new_B, done_B=max_new_B <= 0, target_cache=cache, drafter_state=dstate,
-        key=key, steps_B=jnp.zeros((B,), jnp.int32), gained_BxN=jnp.zeros((B, T), jnp.int32))
+        key=key, steps_B=jnp.zeros((B,), jnp.int32), gained_BxN=jnp.zeros((B, T), jnp.int32),
+        gamma_BxN=jnp.zeros((B, T), jnp.int32), accepted_B=jnp.zeros((B,), jnp.float32),
+        tried_B=jnp.zeros((B,), jnp.float32))
 
 
 def verify(target_params, config, state: DecodeState, draft_BxG):
@@ -60,8 +67,11 @@ def verify(target_params, config, state: DecodeState, draft_BxG):
     return forward(target_params, config, feed_BxG1, positions_BxG1, state.target_cache)
 
 
-def accept(key, logits_BxG1xV, draft_BxG, q: DraftProbs | None, sampling: Sampling):
-    """(n_accepted [B], emitted [B, G+1]): row b emits emitted[b, :n_accepted[b] + 1].
+def accept(key, logits_BxG1xV, draft_BxG, q: DraftProbs | None, sampling: Sampling,
+           gamma_B=None):
+    """(n_accepted [B], emitted [B, G+1]): row b emits emitted[b, :n_accepted[b] + 1]. Row b
+    drafted only its first gamma_B[b] <= G tokens (all G by default); the rest are never
+    accepted.
 
     Greedy: the longest prefix of drafts equal to the target's argmax, then the target's token.
     Sampling (Leviathan et al. 2023; Chen et al. 2023): accept draft i with probability
@@ -69,10 +79,12 @@ def accept(key, logits_BxG1xV, draft_BxG, q: DraftProbs | None, sampling: Sampli
     accepted draw a bonus token from p. `q` is None when greedy.
     """
     B, G = draft_BxG.shape
+    gamma_B = jnp.full((B,), G) if gamma_B is None else gamma_B
     k_accept, k_fix = jax.random.split(key)
     if sampling.greedy:
         target_BxG1 = jnp.argmax(logits_BxG1xV, axis=-1).astype(jnp.int32)
-        ok_BxG = draft_BxG == target_BxG1[:, :G]
+        drafted_BxG = jnp.arange(G) < gamma_B[:, None]
+        ok_BxG = (draft_BxG == target_BxG1[:, :G]) & drafted_BxG
         n_B = jnp.sum(jnp.cumprod(ok_BxG, axis=1), axis=1)
         return n_B, target_BxG1
     p_BxG1xV = probs(logits_BxG1xV, sampling)
@@ -80,10 +92,11 @@ def accept(key, logits_BxG1xV, draft_BxG, q: DraftProbs | None, sampling: Sampli
     if G:
         p_draft_BxG = jnp.take_along_axis(p_BxG1xV[:, :G], draft_BxG[..., None], axis=-1)[..., 0]
         u_BxG = jax.random.uniform(k_accept, (B, G))
-        ok_BxG = u_BxG * q.of(draft_BxG) < p_draft_BxG
+        ok_BxG = (u_BxG * q.of(draft_BxG) < p_draft_BxG) & (jnp.arange(G) < gamma_B[:, None])
         n_B = jnp.sum(jnp.cumprod(ok_BxG, axis=1), axis=1)
     p_n_BxV = p_BxG1xV[jnp.arange(B), n_B]
-    r_BxV = q.residual(p_n_BxV, n_B) if G else p_n_BxV
+    # A rejected draft leaves the residual; past the row's drafts (the bonus) q is zero.
+    r_BxV = q.residual(p_n_BxV, jnp.where(n_B < gamma_B, n_B, G)) if G else p_n_BxV
     mass_Bx1 = jnp.sum(r_BxV, axis=-1, keepdims=True)
     r_BxV = jnp.where(mass_Bx1 > 0, r_BxV / jnp.maximum(mass_Bx1, 1e-30), p_n_BxV)
     fix_B = jax.random.categorical(k_fix, jnp.log(r_BxV), axis=-1).astype(jnp.int32)
@@ -123,32 +136,75 @@ def advance(state: DecodeState, n_B, emitted_BxG1, stop_ids, target_cache, draft
                          steps_B=state.steps_B + (~state.done_B), gained_BxN=gained_BxN)
 
 
+_MEMORY = 0.9  # weight of a row's past acceptance per step, for gamma="auto"
+
+
+def track(state: DecodeState, gamma_B, n_B) -> DecodeState:
+    """Log each row's draft length and update its acceptance estimate: a step with gamma > 0
+    tried the accepted drafts and, if one was rejected, that one."""
+    B, T = state.gained_BxN.shape
+    step_B = jnp.where(state.done_B, T, state.steps_B)
+    tried_B = jnp.where(gamma_B > 0, n_B + (n_B < gamma_B), 0)
+    return state.replace(
+        gamma_BxN=state.gamma_BxN.at[jnp.arange(B), step_B].set(gamma_B, mode="drop"),
+        accepted_B=_MEMORY * state.accepted_B + jnp.where(gamma_B > 0, n_B, 0),
+        tried_B=_MEMORY * state.tried_B + tried_B)
+
+
 def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState, *,
-                gamma: int, sampling: Sampling, stop_ids: tuple[int, ...]) -> DecodeState:
-    """Run until every row is done."""
+                gamma: int, sampling: Sampling, stop_ids: tuple[int, ...],
+                costs: tuple[float, ...] | None = None) -> DecodeState:
+    """Run until every row is done. Without `costs` every row drafts `gamma` tokens a step;
+    with them (the step cost of each draft length 0..gamma, relative to a plain step), each row
+    picks its own length every step (`plan.choose_gamma`), and the step drafts and verifies as
+    many positions as the longest row needs (one compiled branch per length)."""
     vocab = config.vocab_size
+    B = state.tokens_BxT.shape[0]
+
+    def draft_and_verify(g, state, k_draft):
+        """Draft g tokens and score g + 1 positions; drafts, q and logits padded to gamma."""
+        if g:
+            draft_BxG, q, dstate = drafter.spec.propose(
+                drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B, k_draft,
+                sampling, g, vocab)
+        else:
+            draft_BxG, q, dstate = jnp.zeros((B, 0), jnp.int32), None, state.drafter_state
+        logits_BxG1xV, cache = verify(target_params, config, state, draft_BxG)
+        if g < gamma:
+            pad = lambda x: jnp.pad(x, [(0, 0), (0, gamma - g)] + [(0, 0)] * (x.ndim - 2))
+            draft_BxG, logits_BxG1xV = pad(draft_BxG), pad(logits_BxG1xV)
+            if q is not None:
+                q = jax.tree.map(pad, q)
+            elif not sampling.greedy:  # no draft: zeros shaped like a full draft's q
+                full_q = jax.eval_shape(lambda: drafter.spec.propose(
+                    drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B,
+                    k_draft, sampling, gamma, vocab)[1])
+                q = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), full_q)
+        return draft_BxG, q, dstate, logits_BxG1xV, cache
 
     def body(state: DecodeState) -> DecodeState:
         key, k_draft, k_accept = jax.random.split(state.key, 3)
-        if gamma:
-            draft_BxG, q, dstate = drafter.spec.propose(
-                drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B, k_draft,
-                sampling, gamma, vocab)
+        if costs is None:
+            gamma_B = jnp.full((B,), gamma, jnp.int32)
+            out = draft_and_verify(gamma, state, k_draft)
         else:
-            B = state.tokens_BxT.shape[0]
-            draft_BxG, q, dstate = jnp.zeros((B, 0), jnp.int32), None, state.drafter_state
-        logits_BxG1xV, cache = verify(target_params, config, state, draft_BxG)
-        n_B, emitted_BxG1 = accept(k_accept, logits_BxG1xV, draft_BxG, q, sampling)
+            gamma_B = jnp.where(state.done_B, 0,
+                                choose_gamma(state.accepted_B, state.tried_B, costs))
+            branches = [functools.partial(draft_and_verify, g) for g in range(gamma + 1)]
+            out = jax.lax.switch(jnp.max(gamma_B), branches, state, k_draft)
+        draft_BxG, q, dstate, logits_BxG1xV, cache = out
+        n_B, emitted_BxG1 = accept(k_accept, logits_BxG1xV, draft_BxG, q, sampling, gamma_B)
+        state = track(state, gamma_B, n_B)
         return advance(state, n_B, emitted_BxG1, stop_ids, cache, dstate, key)
 
     return jax.lax.while_loop(lambda s: ~jnp.all(s.done_B), body, state)
 
 
 def run(target_params, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key, *,
-        config: ModelConfig, gamma: int, sampling: Sampling,
-        stop_ids: tuple[int, ...]) -> DecodeState:
+        config: ModelConfig, gamma: int, sampling: Sampling, stop_ids: tuple[int, ...],
+        costs: tuple[float, ...] | None = None) -> DecodeState:
     """Prefill and decode; jit this with everything after `*` static."""
     state = prefill(target_params, config, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key)
     return decode_loop(target_params, config, drafter, state, gamma=gamma, sampling=sampling,
-                       stop_ids=stop_ids)
+                       stop_ids=stop_ids, costs=costs)
 

@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxspec.decoding.runner import encode_prompts, generate
 from jaxspec.errors import UserError
+from jaxspec.files import write_atomic
 
 MANIFEST = "manifest.json"
 
@@ -31,15 +32,6 @@ def shard_name(t_idx: int, block: int) -> str:
 def block_seed(seed: int, t_idx: int, block: int) -> int:
     """A seed per shard, independent of which shards ran before."""
     return int(np.random.SeedSequence([seed, t_idx, block]).generate_state(1)[0] >> 1)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _check_manifest(out_dir: Path, manifest: dict) -> None:

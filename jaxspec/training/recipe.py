@@ -23,6 +23,7 @@ import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.errors import UserError
+from jaxspec.files import write_atomic
 from jaxspec.training import data, distill, drafter_init, sharding, trainer
 
 DISTILL_KEYS = ("temperatures", "max_new_tokens", "block_size", "batch_size", "top_k", "top_p",
@@ -106,7 +107,7 @@ def _cached_source(cfg: dict, name: str, path: Path, make: Callable[[], list]) -
     items = make()
     if jax.process_index() == 0:
         path.parent.mkdir(parents=True, exist_ok=True)
-        distill.write_atomic(path, json.dumps({"key": key, "items": items}, ensure_ascii=False))
+        write_atomic(path, json.dumps({"key": key, "items": items}, ensure_ascii=False))
     return items
 
 

@@ -63,12 +63,12 @@ def exact_joint(model, s: Sampling):
     return p1[:, None] * p2, p1
 
 
-def empirical_joint(target, drafter, s: Sampling, gamma: int, seeds: int = SEEDS):
+def empirical_joint(target, drafter, s: Sampling, gamma, seeds: int = SEEDS, **kw):
     counts = np.zeros((V, V))
     for seed in range(seeds):
         res = jaxspec.speculative_generate(
             target, drafter, [PROMPT] * ROWS, gamma=gamma, max_new_tokens=2,
-            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=100 + seed)
+            temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=100 + seed, **kw)
         toks = np.asarray(res.token_ids)
         assert toks.shape == (ROWS, 2)
         np.add.at(counts, (toks[:, 0], toks[:, 1]), 1)
@@ -133,3 +133,18 @@ def test_ngram_and_layer_skip_match_target_distribution(target):
     for drafter in (jaxspec.ngram_drafter(3), jaxspec.layer_skip_drafter(target, [1])):
         got = empirical_joint(target, drafter, s, gamma=2)
         assert tv(got, exact) < TV_BOUND, drafter.name
+
+
+def test_auto_gamma_matches_target_distribution(target, drafter):
+    """Draft lengths chosen from each row's history stay exact. These costs make a fresh row
+    draft one token (acceptance estimate 1/2), and a row whose draft was rejected draft none
+    (estimate 1/3): the second token comes from a plain step on those rows."""
+    s = Sampling(1.0)
+    exact, _ = exact_joint(target, s)
+    costs = (1.0, 1.4, 1.75)
+    got = empirical_joint(target, drafter, s, "auto", gamma_max=2, costs=costs)
+    assert tv(got, exact) < TV_BOUND
+    res = jaxspec.speculative_generate(target, drafter, [PROMPT] * 512, gamma="auto",
+                                       gamma_max=2, costs=costs, max_new_tokens=2,
+                                       temperature=1.0)
+    assert {tuple(d) for d in res.draft_lengths} == {(1,), (1, 0)}

@@ -24,7 +24,10 @@ def test_demo_translates_five_languages_identically_to_greedy(capsys, monkeypatc
         assert sp.token_ids == g.token_ids and len(g.token_ids[0]) > 0
         # tau is new tokens per verification step of this row's speculative run.
         [gains] = sp.accept_lengths
-        assert sum(gains) == len(sp.token_ids[0]) and all(1 <= a <= 5 for a in gains)  # gamma 4
+        [drafted] = sp.draft_lengths  # gamma "auto", at most 4
+        assert sum(gains) == len(sp.token_ids[0])
+        assert all(1 <= a <= d + 1 <= 5 for a, d in zip(gains, drafted))
+        assert r["mean_gamma"] == pytest.approx(np.mean(drafted))
         assert r["tau"] == pytest.approx(np.mean(gains))
         assert r["tokens_per_s"] > 0 and r["baseline_tokens_per_s"] > 0
     assert any(r["tau"] > 1 for r in rows)  # lookup drafts are accepted somewhere

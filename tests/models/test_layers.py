@@ -34,14 +34,17 @@ def test_float32_linear_equals_the_plain_product(shape, w_in_axis):
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_bfloat16_linear_accumulates_in_float32(shape):
-    """Single rows take the padded path on CPU; every shape must equal the float64 product of
-    the bfloat16-rounded inputs, to float32 accumulation error."""
+@pytest.mark.parametrize("w_in_axis", [0, 1])
+def test_bfloat16_linear_accumulates_in_float32(shape, w_in_axis):
+    """Single rows take the padded path on CPU, [F, D] weights the transposed product; every
+    shape must equal the float64 product of the bfloat16-rounded inputs, to float32 error."""
     x, w = _case(*shape, seed=sum(shape) + 1)
     xb, wb = (np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32), np.float64)
               for a in (x, w))
     want = np.einsum("bsd,df->bsf", xb, wb)
-    got = jax.jit(L.linear)(jnp.asarray(x), jnp.asarray(w, jnp.bfloat16))
+    w = w if w_in_axis == 0 else np.ascontiguousarray(w.T)
+    got = jax.jit(L.linear, static_argnums=2)(jnp.asarray(x), jnp.asarray(w, jnp.bfloat16),
+                                              w_in_axis)
     assert got.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 

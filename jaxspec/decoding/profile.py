@@ -17,11 +17,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.decoding.plan import per_position_acceptance, plan
+from jaxspec.decoding.runner import speculative_generate
 from jaxspec.decoding.sampling import Sampling
+from jaxspec.errors import UserError
+from jaxspec.files import write_atomic
 from jaxspec.loading import cache_root
 from jaxspec.models.cache import init_cache
 from jaxspec.models.transformer import forward
-from jaxspec.training.distill import write_atomic
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
 
@@ -90,8 +93,9 @@ def machine_id() -> str:
     return f"{cpu}|{os.cpu_count()} cores|{devices[0].device_kind} x{len(devices)}|jax {jax.__version__}"
 
 
-def _cache_path(model_name: str, dtype: str, drafter: str | None):
-    key = hashlib.sha256(f"{model_name}|{dtype}|{drafter}|{machine_id()}".encode()).hexdigest()
+def _cache_path(model, model_name: str, dtype: str, drafter: str | None):
+    key = hashlib.sha256(f"{model_name}|{model.config!r}|{dtype}|{drafter}|{machine_id()}"
+                         .encode()).hexdigest()
     return cache_root() / "profile" / f"{key[:16]}.json"
 
 
@@ -99,7 +103,7 @@ def profile(model, model_name: str, drafter=None, drafter_name: str | None = Non
             refresh: bool = False, cache_len: int = 256) -> dict:
     """Measure (or read from the cache) the cost curve of `model` and the cost of `drafter`."""
     dtype = str(jax.tree.leaves(model.params)[0].dtype)
-    path = _cache_path(model_name, dtype, drafter_name)
+    path = _cache_path(model, model_name, dtype, drafter_name)
     if path.exists() and not refresh:
         return json.loads(path.read_text())
     ms = target_ms(model, cache_len=cache_len)
@@ -133,3 +137,16 @@ def format_profile(r: dict) -> str:
         lines.append(f"drafter {r['drafter']}: {r['drafter_ms_per_token']:.2f} ms per drafted "
                      f"token, c = {r['c']:.3f} of a target step")
     return "\n".join(lines)
+
+
+def plan_drafter(target, target_name: str, drafter, drafter_name: str, prompts,
+                 gamma_max: int = 8, max_new_tokens: int = 64, **generate_kw):
+    """`Plan` for `drafter` on `target`: acceptance measured on `prompts` at draft length
+    `gamma_max`, costs from the (cached) profile."""
+    if not 1 <= gamma_max < SIZES[-1]:
+        raise UserError(f"gamma_max must be in [1, {SIZES[-1] - 1}], got {gamma_max}")
+    prof = profile(target, target_name, drafter, drafter_name)
+    r = speculative_generate(target, drafter, prompts, gamma=gamma_max,
+                             max_new_tokens=max_new_tokens, **generate_kw)
+    accept_G = per_position_acceptance(r.accept_lengths, gamma_max)
+    return plan(accept_G, prof["relative_cost"], prof["c"], range(gamma_max + 1))

@@ -7,7 +7,7 @@ import pytest
 
 import jaxspec
 from jaxspec import cli
-from jaxspec.bench import profile as prof
+from jaxspec.decoding import profile as prof
 from jaxspec.checkpoints import store
 from jaxspec.models.params import init_params
 

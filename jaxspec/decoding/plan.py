@@ -1,0 +1,88 @@
+"""The cost model of speculative decoding: expected tokens per step over the measured cost of a
+step, relative to plain decoding, for each draft length gamma.
+
+A step drafts gamma tokens (each costing c target steps) and verifies gamma + 1 positions
+(costing r(gamma + 1) target steps, from `jaxspec profile`); it gains
+1 + sum_{i<=gamma} prod_{j<=i} a_j tokens, where a_j is the chance that draft j is accepted
+once drafts 1..j-1 were (all a_j = alpha gives Leviathan et al.'s (1 - alpha^(g+1)) / (1 - alpha)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def expected_tokens(accept_G, gamma: int) -> float:
+    """Tokens gained per step with draft length `gamma`, from per-position acceptance
+    `accept_G` (a float alpha stands for the same acceptance at every position)."""
+    a = np.asarray(accept_G, np.float64)
+    a = np.full(gamma, a) if a.ndim == 0 else a[:gamma]
+    if len(a) < gamma:
+        raise ValueError(f"acceptance given for {len(a)} positions, gamma is {gamma}")
+    return float(1 + np.sum(np.cumprod(a)))
+
+
+def per_position_acceptance(accept_lengths, gamma: int) -> np.ndarray:
+    """a_i = P(draft i accepted | drafts before it were), i = 1..gamma, counted from the tokens
+    gained at each step of a run with draft length `gamma` (accepted drafts + 1). A step cut
+    short by a stop token or the budget reads as a rejection: measure on long outputs."""
+    n = np.asarray([g - 1 for row in accept_lengths for g in row])
+    reached = np.array([np.sum(n >= i - 1) for i in range(1, gamma + 1)], np.float64)
+    accepted = np.array([np.sum(n >= i) for i in range(1, gamma + 1)], np.float64)
+    return np.divide(accepted, reached, out=np.zeros(gamma), where=reached > 0)
+
+
+def relative_cost(costs: dict, S: int) -> float:
+    """Cost of verifying S positions relative to one, interpolated between measured sizes."""
+    sizes = sorted(int(s) for s in costs)
+    values = [float(costs[str(s)] if str(s) in costs else costs[s]) for s in sizes]
+    if S > sizes[-1]:
+        raise ValueError(f"no cost measured for {S} positions (largest: {sizes[-1]})")
+    return float(np.interp(S, sizes, values))
+
+
+def step_cost(gamma: int, costs: dict, c: float) -> float:
+    """Target steps' worth of time for one speculative step; gamma 0 is a plain step (1)."""
+    return gamma * c + relative_cost(costs, gamma + 1)
+
+
+@dataclasses.dataclass
+class Plan:
+    speedups: dict[int, float]  # gamma -> expected speedup over plain decoding
+    accept_G: list[float]  # measured per-position acceptance
+    c: float
+
+    @property
+    def best_gamma(self) -> int:
+        """The draft length of the highest expected speedup; 0 when none beats plain decoding."""
+        g = max(self.speedups, key=self.speedups.get)
+        return g if self.speedups[g] > 1 else 0
+
+    def describe(self) -> str:
+        rows = [f"gamma {g:2d}: expected {s:.3f}x" for g, s in self.speedups.items()]
+        if self.best_gamma:
+            verdict = f"best: gamma {self.best_gamma} ({self.speedups[self.best_gamma]:.3f}x)"
+        else:
+            verdict = ("no gamma pays: the drafter is accepted too rarely for its cost and the "
+                       "cost of verifying; decode without it")
+        accept = " ".join(f"{a:.2f}" for a in self.accept_G)
+        return "\n".join([f"per-position acceptance {accept}; drafter cost c = {self.c:.3f}",
+                          *rows, verdict])
+
+
+def plan(accept_G, costs: dict, c: float, gammas) -> Plan:
+    """Expected speedup of each gamma from acceptance, verification costs and drafter cost."""
+    return Plan({int(g): expected_tokens(accept_G, g) / step_cost(g, costs, c) for g in gammas},
+                [float(a) for a in np.atleast_1d(accept_G)], float(c))
+
+
+def choose_gamma(accepted_B, drafted_B, costs_G1):
+    """Per row, the draft length 0..G of the highest expected speedup, from the row's acceptance
+    estimated as (accepted + 1) / (drafted + 2) and the step cost of each length `costs_G1`."""
+    alpha_B = (accepted_B + 1.0) / (drafted_B + 2.0)
+    g_G1 = jnp.arange(len(costs_G1))
+    tokens_BxG1 = jnp.cumsum(alpha_B[:, None] ** g_G1, axis=1)  # 1 + a + ... + a^g
+    return jnp.argmax(tokens_BxG1 / jnp.asarray(costs_G1, jnp.float32), axis=1).astype(jnp.int32)

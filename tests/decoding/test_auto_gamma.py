@@ -1,0 +1,69 @@
+"""gamma="auto": each row picks its draft length every step from its acceptance so far and the
+cost model. Greedy output stays identical; a useless drafter falls back to plain steps; a perfect
+one drafts the most it may. (Sampling exactness: test_sampling_exact.py.)"""
+
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec.errors import UserError
+
+FLAT = (1.0, 1.05, 1.1, 1.15, 1.2)  # verification nearly free (bfloat16 on CPU)
+STEEP = (1.0, 1.6, 2.0, 2.4, 2.8)  # the float32 GEMM jump, plus a costly drafter
+PROMPTS = [[1, 5, 2, 7, 1, 5, 2], [3, 3, 9], [4, 8, 15, 16, 23, 42, 4, 8, 15]]
+
+
+@pytest.fixture(scope="module")
+def plain(target):
+    return jaxspec.generate(target, PROMPTS, max_new_tokens=[24, 17, 30])
+
+
+@pytest.mark.parametrize("costs", [FLAT, STEEP], ids=["flat", "steep"])
+@pytest.mark.parametrize("kind", ["near", "far", "ngram"])
+def test_greedy_output_is_identical(target, near_model, far_model, plain, kind, costs):
+    drafter = {"near": near_model, "far": far_model, "ngram": jaxspec.ngram_drafter(2)}[kind]
+    res = jaxspec.speculative_generate(target, drafter, PROMPTS, gamma="auto", gamma_max=4,
+                                       costs=costs, max_new_tokens=[24, 17, 30])
+    assert res.token_ids == plain.token_ids
+    for gains, drafted in zip(res.accept_lengths, res.draft_lengths):
+        assert len(gains) == len(drafted)
+        assert all(0 <= d <= 4 and 1 <= a <= d + 1 for a, d in zip(gains, drafted))
+
+
+def test_a_useless_drafter_falls_back_to_plain_steps(target, far_model, plain):
+    """The far drafter rarely agrees: under steep costs rows stop drafting, so the target runs
+    about as many forward passes as plain decoding, and most of them draft nothing."""
+    res = jaxspec.speculative_generate(target, far_model, PROMPTS, gamma="auto", gamma_max=4,
+                                       costs=STEEP, max_new_tokens=[24, 17, 30])
+    steps = sum(len(a) for a in res.accept_lengths)
+    assert steps <= 1.05 * plain.num_new_tokens
+    assert np.mean([d for row in res.draft_lengths for d in row]) < 0.5
+
+
+def test_a_perfect_drafter_reaches_the_longest_draft(target):
+    res = jaxspec.speculative_generate(target, target, PROMPTS, gamma="auto", gamma_max=4,
+                                       costs=FLAT, max_new_tokens=40)
+    for drafted, gains in zip(res.draft_lengths, res.accept_lengths):
+        assert drafted[-3:-1] == [4, 4]  # the last step may be cut by the budget
+        assert all(a == d + 1 for a, d in zip(gains[:-1], drafted[:-1]))
+
+
+def test_costs_default_to_the_measured_profile(target, near_model, plain, tmp_path,
+                                               monkeypatch):
+    from jaxspec.decoding import profile
+
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(profile, "bandwidth_gbs", lambda: 10.0)
+    res = jaxspec.speculative_generate(target, near_model, PROMPTS, gamma="auto", gamma_max=2,
+                                       max_new_tokens=[24, 17, 30])
+    assert res.token_ids == plain.token_ids
+    assert len(list((tmp_path / "profile").glob("*.json"))) == 1
+
+
+@pytest.mark.parametrize("kw,match", [(dict(gamma="fast"), "int or 'auto'"),
+                                      (dict(gamma="auto", costs=(1.0, 1.2)), "3 positive"),
+                                      (dict(gamma="auto", costs=(1.0, 0.0, 1.2)), "3 positive")])
+def test_bad_auto_settings_are_user_errors(target, kw, match):
+    with pytest.raises(UserError, match=match):
+        jaxspec.speculative_generate(target, jaxspec.ngram_drafter(2), [[1, 2]], gamma_max=2,
+                                     max_new_tokens=3, **kw)

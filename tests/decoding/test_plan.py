@@ -1,0 +1,65 @@
+"""The cost model against hand-computed values, and `jaxspec plan` end to end on a tiny model."""
+
+import jax
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec import cli
+from jaxspec.decoding import profile as prof
+from jaxspec.checkpoints import store
+from jaxspec.decoding import plan as P
+from jaxspec.models.params import init_params
+
+
+def test_expected_tokens_by_hand():
+    assert P.expected_tokens(0.5, 3) == pytest.approx((1 - 0.5 ** 4) / (1 - 0.5))  # 1.875
+    assert P.expected_tokens([0.9, 0.5, 0.2], 3) == pytest.approx(1 + 0.9 + 0.45 + 0.09)
+    assert P.expected_tokens([0.9, 0.5, 0.2], 2) == pytest.approx(2.35)
+    assert P.expected_tokens(0.7, 0) == 1.0
+
+
+def test_per_position_acceptance_counts_accept_lengths():
+    # Accepted drafts per step: 0, 1, 3, 2, 0 -> a1 = 3/5, a2 = 2/3, a3 = 1/2.
+    a = P.per_position_acceptance([[1, 2, 4], [3, 1]], 3)
+    np.testing.assert_allclose(a, [3 / 5, 2 / 3, 1 / 2])
+    np.testing.assert_allclose(P.per_position_acceptance([[1, 1]], 2), [0, 0])
+
+
+def test_costs_interpolate_between_measured_sizes():
+    costs = {"1": 1.0, "2": 1.2, "4": 1.6}
+    assert P.relative_cost(costs, 3) == pytest.approx(1.4)
+    assert P.step_cost(2, costs, 0.1) == pytest.approx(0.2 + 1.4)
+    assert P.step_cost(0, costs, 0.1) == 1.0
+    with pytest.raises(ValueError, match="5 positions"):
+        P.relative_cost(costs, 5)
+
+
+def test_plan_picks_the_best_gamma_or_none():
+    flat = {str(s): 1.0 for s in (1, 2, 4, 8)}
+    p = P.plan(0.8, flat, 0.0, range(5))
+    assert p.speedups[3] == pytest.approx(1 + 0.8 + 0.64 + 0.512)
+    assert p.best_gamma == 4
+    steep = {"1": 1.0, "2": 1.6, "4": 2.0}
+    p = P.plan(0.2, steep, 0.05, range(4))
+    assert p.speedups[0] == 1.0 and p.best_gamma == 0
+    assert p.speedups[1] == pytest.approx(1.2 / 1.65)
+    assert "no gamma pays" in p.describe()
+
+
+CFG = jaxspec.ModelConfig(arch="llama", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
+                          num_kv_heads=2, head_dim=8, intermediate_size=64, max_position=512)
+
+
+def test_plan_drafter_measures_acceptance_of_a_perfect_drafter(tmp_path, monkeypatch):
+    """The target drafting for itself is always accepted: a_i = 1, and the plan says which
+    gamma pays from the measured costs."""
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(prof, "bandwidth_gbs", lambda: 10.0)
+    model = jaxspec.Model(CFG, init_params(CFG, jax.random.key(0), std=0.5), None, "tiny")
+    p = prof.plan_drafter(model, "tiny", jaxspec.model_drafter(model), "self", [[1, 2, 3]],
+                          gamma_max=3, max_new_tokens=12)  # 3 steps of 4 tokens
+    assert p.accept_G == [1.0, 1.0, 1.0] and list(p.speedups) == [0, 1, 2, 3]
+    store.save(tmp_path / "m", model.params, model.config)
+    with pytest.raises(SystemExit, match="give --drafter"):
+        cli.main(["plan", "--model", str(tmp_path / "m")])
