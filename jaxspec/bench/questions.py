@@ -95,8 +95,9 @@ def _answer_problem(obj: Any) -> str | None:
         return "'category' and 'model_id' must be strings"
     if not _is_number(obj["tstamp"]):
         return "'tstamp' must be a finite number"
-    if "gamma" in obj and not (_is_int(obj["gamma"]) and obj["gamma"] >= 1):
-        return "'gamma' must be a positive int"
+    if "gamma" in obj and not (obj["gamma"] == "auto" or _is_int(obj["gamma"])
+                               and obj["gamma"] >= 1):
+        return "'gamma' must be a positive int or 'auto'"
     choices = obj["choices"]
     if not isinstance(choices, list) or not choices:
         return "'choices' must be a non-empty list"

@@ -69,11 +69,13 @@ def test_read_questions_empty_file_is_an_error(tmp_path):
 
 def test_append_then_read_answers_round_trips(tmp_path):
     path = tmp_path / "out" / "ans.jsonl"
-    records = [_answer(1), {**_answer(2), "gamma": 4}]
+    records = [_answer(1), {**_answer(2), "gamma": 4}, {**_answer(3), "gamma": "auto"}]
     for r in records:
         append_answer(path, r)
     assert read_answers(path) == records
-    assert path.read_text().count("\n") == 2
+    assert path.read_text().count("\n") == 3
+    with pytest.raises(ValueError, match="positive int or 'auto'"):
+        append_answer(path, {**_answer(4), "gamma": "fast"})
 
 
 def test_append_answer_and_resume(tmp_path):
