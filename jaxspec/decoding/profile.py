@@ -1,8 +1,8 @@
 """`jaxspec profile`: what a target call over S new positions costs next to one position, what
 a drafter costs per drafted token, and how close a step comes to the memory roofline.
 
-Results are cached per (model, dtype, machine) under `$JAXSPEC_CACHE/profile/`, so planners
-(adaptive gamma) read them without measuring again.
+Results are cached per (model and its config, dtype, drafter, machine) under
+`$JAXSPEC_CACHE/profile/`, so planners (adaptive gamma) read them without measuring again.
 """
 
 from __future__ import annotations
