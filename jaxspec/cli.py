@@ -77,7 +77,7 @@ def cmd_bench(args):
         if "ar" not in run["methods"]:
             run["methods"] = ["ar", *run["methods"]]
         methods = specbench.parse_methods(run["methods"], run["gammas"], run["temperatures"])
-        out = Path(run["out_dir"]) / f"{Path(run['target']).name}-{run['dtype']}"
+        out = Path(run["out_dir"]) / (run.get("name") or f"{Path(run['target']).name}-{run['dtype']}")
         files = specbench.run_bench(
             run["target"], run["questions"], methods, str(out),
             max_new_tokens=run["max_new_tokens"], template=run.get("template") or "{prompt}",
@@ -86,7 +86,8 @@ def cmd_bench(args):
         baseline = next(m.name for m in methods if m.kind == "ar" and m.temperature ==
                         run["temperatures"][0])
         refs = read_references(run["references"]) if run.get("references") else None
-        results[f"{run['target']} ({run['dtype']})"] = report(files, baseline, out, refs)
+        key = run.get("name") or f"{run['target']} ({run['dtype']})"
+        results[key] = report(files, baseline, out, refs)
         print((out / "report.md").read_text())
     Path(o["out_dir"]).mkdir(parents=True, exist_ok=True)
     (Path(o["out_dir"]) / "results.json").write_text(json.dumps(results, indent=2))
@@ -224,7 +225,9 @@ def parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="translate 5 languages to English with speculative decoding")
     d.add_argument("--target")
-    d.add_argument("--drafter", help="a trained drafter (name or path); default: n-gram lookup")
+    d.add_argument("--drafter", help="one drafter for every language (ngram[:N], layerskip:LAYERS, "
+                                     "a name or path); default: the shipped drafter of each "
+                                     "detected language, n-gram lookup for the others")
     d.add_argument("--gamma", type=_gamma, help="draft length, or auto")
     d.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     d.set_defaults(func=cmd_demo)

@@ -29,14 +29,20 @@ def prompt(lang: str, sentence: str) -> str:
     return TEMPLATE.format(lang=lang, src_ex=src_ex, tgt_ex=tgt_ex, src=sentence)
 
 
-def pick_drafter(target, drafter: str | None):
-    """(drafter, description): a trained drafter (name or path), else n-gram lookup, which is
-    what measured best here (README, "Results")."""
-    import jaxspec
+# Drafters shipped inside the package, per target and source language (ISO 639-1).
+SHIPPED = {"gemma3-270m": {"de": "gemma3-270m-deen-drafter"}}
+FALLBACK = "ngram:3"  # n-gram prompt lookup: needs no training
+
+
+def make_router(model, target: str, drafter: str | None = None):
+    """A Router for `model`: `drafter` (as for parse_drafter) forced for every language, else the
+    target's shipped drafters and n-gram lookup for the other languages. Every drafter is loaded
+    here, so a missing one fails before any decoding."""
+    from jaxspec.decoding.routing import Router
 
     if drafter:
-        return jaxspec.load_drafter(drafter), f"trained drafter {drafter}"
-    return jaxspec.ngram_drafter(3), "n-gram prompt lookup (untrained; pass --drafter to use one)"
+        return Router(model, {}, fallback=drafter)
+    return Router(model, SHIPPED.get(target, {}), fallback=FALLBACK)
 
 
 def run(target: str = "gemma3-270m", drafter: str | None = None, gamma: int | str = "auto",
@@ -48,22 +54,31 @@ def run(target: str = "gemma3-270m", drafter: str | None = None, gamma: int | st
 
     out = out or sys.stdout
     model = jaxspec.load(target, dtype=dtype)
-    d, desc = pick_drafter(model, drafter)
-    print(f"target: {target} ({dtype})   drafter: {desc}   gamma: {gamma}", file=out)
+    router = make_router(model, target, drafter)
+    routes = [f"{c} -> {d}" for c, d in router.registered.items()]
+    routes.append(f"{'every language' if drafter else 'other languages'} -> {router.fallback}")
+    print(f"target: {target} ({dtype})   gamma: {gamma}\ndrafters: {', '.join(routes)}",
+          file=out)
     rows = []
     for lang, sentence in SENTENCES.items():
         p = prompt(lang, sentence)
         base = jaxspec.generate(model, [p], max_new_tokens=max_new_tokens, stop="\n")
-        spec = jaxspec.speculative_generate(model, d, [p], gamma=gamma,
-                                            max_new_tokens=max_new_tokens, stop="\n")
+        # The language is detected on the sentence: the prompt's template is English.
+        spec = router.generate([p], sources=[sentence], gamma=gamma,
+                               max_new_tokens=max_new_tokens, stop="\n")
+        code, desc = spec.languages[0], spec.drafters[0]
+        if not drafter and code not in router.registered:
+            desc += f" (no trained drafter for '{code}': n-gram fallback)"
         drafted = spec.draft_lengths[0]
-        row = {"language": lang, "source": sentence, "translation": spec.texts[0].strip(),
+        row = {"language": lang, "detected": code, "drafter": desc, "source": sentence,
+               "translation": spec.texts[0].strip(),
                "tau": spec.tau, "mean_gamma": sum(drafted) / max(len(drafted), 1),
                "tokens_per_s": spec.tokens_per_s,
                "baseline_tokens_per_s": base.tokens_per_s,
                "identical": spec.token_ids == base.token_ids}
         rows.append(row)
-        print(f"\n[{lang}] {sentence}\n  -> {row['translation']}\n"
+        print(f"\n[{lang}] {sentence}\n  detected: {code}   drafter: {desc}\n"
+              f"  -> {row['translation']}\n"
               f"  tau {row['tau']:.2f}   mean gamma {row['mean_gamma']:.2f}   "
               f"{row['tokens_per_s']:.1f} tok/s speculative vs "
               f"{row['baseline_tokens_per_s']:.1f} tok/s autoregressive "

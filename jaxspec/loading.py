@@ -15,9 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.checkpoints import gguf, hf, store
+from jaxspec.checkpoints import gguf, heads, hf, store
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.drafters import Drafter, layer_skip_drafter, model_drafter, ngram_drafter
+from jaxspec.decoding.hidden import hidden_drafter
 from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache
 from jaxspec.models.params import check_params
@@ -56,12 +57,15 @@ def _gemma3_path() -> Path:
     return pkg.assemble(out)
 
 
-def _deen_drafter_path() -> Path:
-    """Where `jaxspec train --config configs/deen_gemma3_cpu.yaml` saves its drafter."""
-    path = Path(__file__).resolve().parent.parent / "runs" / "deen_gemma3_cpu" / "train" / "drafter"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing: train it with `jaxspec distill` and "
-                                f"`jaxspec train --config configs/deen_gemma3_cpu.yaml` (README)")
+DRAFTERS = Path(__file__).resolve().parent / "drafters"  # shipped drafters (package data)
+
+
+def _shipped(name: str) -> Callable[[], Path]:
+    def path() -> Path:
+        p = DRAFTERS / name
+        if not p.exists():
+            raise FileNotFoundError(f"{p} is missing from this install of jaxspec")
+        return p
     return path
 
 
@@ -69,7 +73,7 @@ def _deen_drafter_path() -> Path:
 REGISTRY: dict[str, Callable[[], Path]] = {
     "smollm2-135m-instruct": _smollm2_path,
     "gemma3-270m": _gemma3_path,
-    "gemma3-270m-deen-drafter": _deen_drafter_path,
+    "gemma3-270m-deen-drafter": _shipped("gemma3-270m-deen"),
 }
 
 
@@ -166,9 +170,20 @@ def load(name_or_path: str | os.PathLike, dtype=jnp.float32, cache: bool = True)
     return Model(config, params, tokenizer, name)
 
 
-def load_drafter(name_or_path: str | os.PathLike, dtype=jnp.float32) -> Drafter:
-    """A saved model as a drafter; a reduced head brings its vocab ids from the checkpoint."""
+def load_drafter(name_or_path: str | os.PathLike, dtype=jnp.float32,
+                 target: Model | None = None) -> Drafter:
+    """A saved drafter: a model (a reduced head brings its vocab ids from the checkpoint) or a
+    hidden-state head, which reads `target` (required; refused if it is not the head's target)."""
     path = resolve(name_or_path)
+    if heads.is_head(path):
+        if target is None:
+            raise UserError(f"{name_or_path} is a hidden-state drafter: it needs its target "
+                            f"(load_drafter(..., target=model))")
+        meta, head = heads.load(path)
+        heads.check_target(meta, target, name_or_path)
+        return hidden_drafter(target, meta["kind"], jax.tree.map(jnp.asarray, head),
+                              meta["vocab_ids"], meta["depth"], meta.get("tuned_gamma"),
+                              name=str(name_or_path))
     model = load(name_or_path, dtype)
     ids = store.read_meta(path).get("vocab_ids") if store.is_checkpoint(path) else None
     return model_drafter(model, None if ids is None else np.asarray(ids, np.int32))
@@ -194,7 +209,7 @@ def parse_drafter(spec: str, target: Model) -> Drafter:
         return ngram_drafter(int(arg or 3))
     if kind == "layerskip":
         return layer_skip_drafter(target, parse_layers(arg))
-    return load_drafter(arg if kind == "drafter" else spec)
+    return load_drafter(arg if kind == "drafter" else spec, target.params["embed"].dtype, target)
 
 
 def check_token_ids(token_ids, vocab_size: int) -> np.ndarray:

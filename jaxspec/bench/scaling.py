@@ -74,7 +74,7 @@ def measure(cfg: dict, questions: str, limit: int, gamma: int, max_new_tokens: i
     from jaxspec.loading import Model
     from jaxspec.training import recipe
 
-    target = recipe.load_target(cfg["target"])
+    target = recipe.load_target(cfg["target"], cfg.get("dtype", "float32"))
     template = cfg.get("template", "{prompt}")
     stop = cfg["distill"].get("stop")
     prompts = [template.format(prompt=q["turns"][0]) for q in read_questions(questions)[:limit]]
@@ -146,7 +146,7 @@ def main(argv=None):
         from jaxspec.training.drafter_init import save_drafter
         from jaxspec.training.recipe import embed_source, load_target
 
-        target = load_target(cfg["target"])
+        target = load_target(cfg["target"], cfg.get("dtype", "float32"))
         config, params, vocab_ids = drafter_at(cfg, target, int(a.export[0]))
         save_drafter(a.export[1], config, params, target.tokenizer, vocab_ids,
                      embed_from=embed_source(cfg))

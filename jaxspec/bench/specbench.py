@@ -51,8 +51,12 @@ def parse_methods(specs: Sequence[str], gammas: Sequence[int | str],
             raise UserError(f"unknown method {spec!r}; methods are {', '.join(KINDS)}")
         if kind in ("layerskip", "drafter", "hf-assisted") and not arg:
             raise UserError(f"method {kind} needs an argument: {kind}:...")
-        if kind in ("drafter", "hf-assisted") and not Path(arg).exists():
-            raise FileNotFoundError(f"drafter path {arg!r} (method {spec}) does not exist")
+        if kind in ("drafter", "hf-assisted"):
+            from jaxspec.loading import REGISTRY
+
+            if not Path(arg).exists() and arg not in REGISTRY:
+                raise FileNotFoundError(f"drafter {arg!r} (method {spec}) is neither a path nor "
+                                        f"a registered name")
         if kind == "layerskip":
             from jaxspec.loading import parse_layers
 

@@ -4,13 +4,15 @@ A `Drafter` pairs a static, hashable `spec` (how to draft) with a `params` pytre
 with). Every spec implements
 
     validate(params, target) -> None                    # raises UserError if it cannot serve
-    init(params, tokens_BxT, lengths_B) -> state        # prefill; state is a pytree
-    propose(params, state, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size)
-        -> draft_BxG, q (a DraftProbs; None when greedy), state
+    init(params, tokens_BxT, lengths_B, features_BxTxD) -> state      # prefill; a pytree
+    propose(params, state, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size,
+            features_BxTxD) -> draft_BxG, q (a DraftProbs; None when greedy), state
 
 `tokens_BxT` holds each row's text so far in its first `lengths_B` slots. A drafter's cache must
 hold positions [0, length - 2) on entry; on exit it may hold more, since the caller rolls back by
-lowering lengths. The verifier never looks inside the drafter.
+lowering lengths. A spec with `reads_features = True` gets the target's hidden states for
+positions [0, length - 1) in `features_BxTxD` (hidden.py); for the others it is [B, T, 0]. The
+verifier never looks inside the drafter.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ class ModelSpec:
         if real is None or min(tv, dv) < real:
             raise UserError(f"drafter vocabulary ({dv}) does not match the target's ({tv})")
 
-    def init(self, params, tokens_BxT, lengths_B):
+    def init(self, params, tokens_BxT, lengths_B, features_BxTxD=None):
         B, T = tokens_BxT.shape
         n_layers = len(self.layers) if self.layers is not None else None
         cache = init_cache(self.config, B, T, num_layers=n_layers)
@@ -84,7 +86,8 @@ class ModelSpec:
                                  constant_values=-jnp.inf)
         return pick(key, logits_BxV, sampling)
 
-    def propose(self, params, cache, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size):
+    def propose(self, params, cache, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size,
+                features_BxTxD=None):
         B = tokens_BxT.shape[0]
         rows = jnp.arange(B)
         # Feed the last two tokens: the one before last may be missing from the cache when
@@ -128,10 +131,11 @@ class NgramSpec:
     def validate(self, params, target) -> None:
         """Nothing to check: the drafts are tokens of the text itself."""
 
-    def init(self, params, tokens_BxT, lengths_B):
+    def init(self, params, tokens_BxT, lengths_B, features_BxTxD=None):
         return ()
 
-    def propose(self, params, state, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size):
+    def propose(self, params, state, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size,
+                features_BxTxD=None):
         B, T = tokens_BxT.shape
         j_T = jnp.arange(T)
         best_B = jnp.full((B,), -1)

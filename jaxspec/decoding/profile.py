@@ -20,6 +20,7 @@ import numpy as np
 from jaxspec.decoding.plan import per_position_acceptance, plan
 from jaxspec.decoding.runner import speculative_generate
 from jaxspec.decoding.sampling import Sampling
+from jaxspec.decoding.speculative import reads_features
 from jaxspec.errors import UserError
 from jaxspec.files import write_atomic
 from jaxspec.loading import cache_root
@@ -69,17 +70,20 @@ def target_ms(model, sizes=SIZES, cache_len: int = 256, repeats: int = 10) -> di
     return out
 
 
-def drafter_ms(drafter, vocab_size: int, gamma: int = 4, cache_len: int = 256,
+def drafter_ms(drafter, config, gamma: int = 4, cache_len: int = 256,
                repeats: int = 10) -> float:
-    """Milliseconds per drafted token: one greedy `propose` of `gamma` tokens, divided by gamma."""
+    """Milliseconds per drafted token: one greedy `propose` of `gamma` tokens for a target with
+    `config`, divided by gamma."""
     spec = drafter.spec
     tokens = jnp.ones((1, cache_len), jnp.int32)
     lengths = jnp.array([cache_len // 2], jnp.int32)
-    state = jax.jit(spec.init)(drafter.params, tokens, lengths)
-    propose = jax.jit(lambda p, s, t, n, k: spec.propose(p, s, t, n, k, Sampling(), gamma,
-                                                         vocab_size)[0])
+    feats = jnp.zeros((1, cache_len, config.hidden_size if reads_features(drafter) else 0))
+    state = jax.jit(spec.init)(drafter.params, tokens, lengths, feats)
+    propose = jax.jit(lambda p, s, t, n, k, f: spec.propose(p, s, t, n, k, Sampling(), gamma,
+                                                            config.vocab_size, f)[0])
     key = jax.random.key(0)
-    ms = 1e3 * _best_of(lambda: propose(drafter.params, state, tokens, lengths, key), repeats)
+    ms = 1e3 * _best_of(lambda: propose(drafter.params, state, tokens, lengths, key, feats),
+                        repeats)
     return ms / gamma
 
 
@@ -117,7 +121,7 @@ def profile(model, model_name: str, drafter=None, drafter_name: str | None = Non
         "roofline_fraction": round(nbytes / (ms[1] / 1e3) / (bw * 1e9), 3),
     }
     if drafter is not None:
-        d_ms = drafter_ms(drafter, model.config.vocab_size, cache_len=cache_len)
+        d_ms = drafter_ms(drafter, model.config, cache_len=cache_len)
         result.update(drafter=drafter_name, drafter_ms_per_token=round(d_ms, 4),
                       c=round(d_ms / ms[1], 4))
     path.parent.mkdir(parents=True, exist_ok=True)

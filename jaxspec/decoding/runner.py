@@ -185,15 +185,17 @@ class Decoder:
         self.max_size = max_size
         self.compiles = 0
 
-    def _executable(self, statics: dict, args):
-        key = (tuple(sorted(statics.items(), key=lambda kv: kv[0])), jax.tree.structure(args),
-               tuple((a.shape, a.dtype) for a in jax.tree.leaves(args)))
+    def _executable(self, statics: dict, args, fn=speculative.run, donate: tuple[int, ...] = ()):
+        """`fn` (speculative.run by default) compiled for these statics and argument shapes;
+        `donate`: positions of arguments whose buffers the call may reuse."""
+        key = (fn.__name__, donate, tuple(sorted(statics.items(), key=lambda kv: kv[0])),
+               jax.tree.structure(args), tuple((a.shape, a.dtype) for a in jax.tree.leaves(args)))
         if key in self._compiled:
             self._compiled.move_to_end(key)
             return self._compiled[key]
         _use_compilation_cache()
-        fn = jax.jit(speculative.run, static_argnames=tuple(statics))
-        self._compiled[key] = fn.lower(*args, **statics).compile()
+        jitted = jax.jit(fn, static_argnames=tuple(statics), donate_argnums=donate)
+        self._compiled[key] = jitted.lower(*args, **statics).compile()
         self.compiles += 1
         if len(self._compiled) > self.max_size:
             self._compiled.popitem(last=False)
@@ -230,6 +232,80 @@ class Decoder:
         wall = time.perf_counter() - t0
         return _result(target, state, len(ids), gamma, wall, compile_s)
 
+    def stream(self, target, prompts, seeds=None, *, batch_size: int, max_new_tokens: int,
+               sampling: Sampling, stop, refill_size: int | None = None, max_steps: int = 64,
+               cache_slots: int | None = None):
+        """Continuous batching of plain decoding: yields (prompt index, new token ids) as rows
+        finish, in finishing order. `batch_size` slots decode together; whenever
+        `refill_size` rows (default batch_size // 8) are done, or after `max_steps` steps, the
+        finished rows are taken out and their slots refilled with the next prompts, prefilled
+        `refill_size` at a time. Every call has fixed shapes: two compiled functions serve the
+        whole stream. Prompt i samples with its own key, `jax.random.key(seeds[i])` (seeds are
+        uint32; default 0), so its output depends neither on its slot nor on its neighbours.
+        `cache_slots`: the cache length (default: the power-of-two bucket the prompts need).
+        `self.stream_stats` counts the prefill and decode calls of the last stream."""
+        ids = encode_prompts(target, prompts, False)
+        for row in ids:
+            check_token_ids([row], target.config.vocab_size)
+        seeds = np.zeros(len(ids), np.uint32) if seeds is None else np.asarray(seeds, np.uint32)
+        if seeds.shape != (len(ids),):
+            raise UserError(f"{seeds.size} seeds for {len(ids)} prompts")
+        max_new = int(_budgets(max_new_tokens, 1)[0])
+        if batch_size < 1 or max_steps < 1:
+            raise UserError(f"batch_size and max_steps must be >= 1, got {batch_size}, "
+                            f"{max_steps}")
+        B = int(batch_size)
+        R = min(B, int(refill_size or max(1, B // 8)))
+        lengths = np.array([len(r) for r in ids])
+        T = cache_len(lengths, np.array([max_new]), 0, target.config.max_position)
+        if cache_slots is not None:
+            if cache_slots < T:
+                raise UserError(f"cache_slots={cache_slots}, but the prompts need {T}")
+            T = int(cache_slots)
+        pad = target.config.pad_token_id
+        config = target.config
+        decode_statics = dict(config=config, gamma=0, sampling=sampling,
+                              stop_ids=stop_ids(target, stop), costs=None)
+        stats = self.stream_stats = {"prefill_calls": 0, "decode_calls": 0}
+        slot_prompt = np.full(B, -1)  # the prompt each slot holds; -1: empty
+        pending = collections.deque(range(len(ids)))
+        state = speculative.idle_state(config, B, T)
+        refill_fn = decode_fn = None
+        while True:
+            free = np.flatnonzero(slot_prompt < 0)
+            while len(free) and pending:
+                take = min(R, len(free), len(pending))
+                tokens = np.full((R, T), pad, np.int32)
+                lens, budgets = np.ones(R, np.int32), np.zeros(R, np.int32)
+                row_seeds, slots = np.zeros(R, np.uint32), np.full(R, B, np.int32)
+                for r in range(take):
+                    i = pending.popleft()
+                    tokens[r, :len(ids[i])] = ids[i]
+                    lens[r], budgets[r], row_seeds[r], slots[r] = len(ids[i]), max_new, seeds[i], \
+                        free[r]
+                    slot_prompt[free[r]] = i
+                free = free[take:]
+                args = (target.params, state, *map(jnp.asarray, (tokens, lens, budgets,
+                                                                 row_seeds, slots)))
+                refill_fn = refill_fn or self._executable(dict(config=config), args,
+                                                          speculative.refill, donate=(1,))
+                state = refill_fn(*args)
+                stats["prefill_calls"] += 1
+            if (slot_prompt < 0).all():
+                return
+            # While prompts wait, stop once R rows are done (all slots are full); then drain.
+            args = (target.params, None, state, jnp.int32(max_steps),
+                    jnp.int32(R if pending else B))
+            decode_fn = decode_fn or self._executable(decode_statics, args, speculative.resume,
+                                                      donate=(2,))
+            state = decode_fn(*args)
+            stats["decode_calls"] += 1
+            done, tokens, lengths_B, prompt_B = jax.device_get(
+                (state.done_B, state.tokens_BxT, state.lengths_B, state.prompt_lengths_B))
+            for s in np.flatnonzero(done & (slot_prompt >= 0)):
+                i, slot_prompt[s] = int(slot_prompt[s]), -1
+                yield i, tokens[s, prompt_B[s]:lengths_B[s]].tolist()
+
 
 def _result(target, state, B, gamma, wall, compile_s) -> GenerationResult:
     tokens, lengths, prompt_lengths, steps, gained, drafted = jax.device_get(
@@ -244,13 +320,34 @@ def _result(target, state, B, gamma, wall, compile_s) -> GenerationResult:
     if gamma:
         n_drafted = sum(map(sum, draft_lengths))
         rate = float(sum(a - 1 for a in flat) / n_drafted) if n_drafted else 0.0
-    tok = target.tokenizer
-    texts = [tok.decode(t, skip_special_tokens=True) if tok is not None else "" for t in token_ids]
+    texts = [decode_text(target, t) for t in token_ids]
     return GenerationResult(token_ids, texts, accept, tau, rate, wall, compile_s, gamma,
                             draft_lengths)
 
 
+def decode_text(model, token_ids) -> str:
+    """The text of generated ids, special tokens skipped ("" without a tokenizer)."""
+    tok = model.tokenizer
+    return tok.decode(token_ids, skip_special_tokens=True) if tok is not None else ""
+
+
 _DECODER = Decoder()
+
+
+def stream_generate(model, prompts, seeds=None, *, batch_size: int = 8,
+                    max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
+                    top_p: float | None = None, stop=None, chat: bool = False,
+                    refill_size: int | None = None, max_steps: int = 64,
+                    cache_slots: int | None = None):
+    """Continuous batching: yields (prompt index, new token ids) as rows finish (see
+    `Decoder.stream`). Each row's tokens equal those of `generate` on that prompt alone when
+    greedy; sampled rows use their own keys (`seeds`, one uint32 per prompt), so the output does
+    not depend on `batch_size`."""
+    ids = encode_prompts(model, prompts, chat)
+    return _DECODER.stream(model, ids, seeds, batch_size=batch_size,
+                           max_new_tokens=max_new_tokens,
+                           sampling=Sampling(temperature, top_k, top_p), stop=stop,
+                           refill_size=refill_size, max_steps=max_steps, cache_slots=cache_slots)
 
 
 def generate(model, prompts, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
@@ -261,7 +358,7 @@ def generate(model, prompts, max_new_tokens: int | Sequence[int] = 64, temperatu
                     sampling=Sampling(temperature, top_k, top_p), seed=seed, stop=stop, chat=chat)
 
 
-def speculative_generate(target, drafter, prompts, gamma: int | str = 4,
+def speculative_generate(target, drafter, prompts, gamma: int | str | None = None,
                          max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
                          top_k: int | None = None, top_p: float | None = None, seed: int = 0,
                          stop=None, chat: bool = False, gamma_max: int = 4,
@@ -273,9 +370,12 @@ def speculative_generate(target, drafter, prompts, gamma: int | str = 4,
 
     gamma="auto": each row picks its draft length (0 to `gamma_max`) every step from its
     acceptance so far and the cost model (`costs`: the step cost of each length relative to a
-    plain step; by default measured by `jaxspec profile` and cached)."""
+    plain step; by default measured by `jaxspec profile` and cached). gamma None: the gamma a
+    trained drafter was tuned for, else 4."""
     if drafter is None:
         raise UserError("speculative_generate needs a drafter; use generate without one")
+    if gamma is None:
+        gamma = getattr(getattr(drafter, "spec", None), "tuned_gamma", None) or 4
     return _DECODER(target, drafter, prompts, gamma=gamma, max_new_tokens=max_new_tokens,
                     sampling=Sampling(temperature, top_k, top_p), seed=seed, stop=stop, chat=chat,
                     gamma_max=gamma_max, costs=costs)

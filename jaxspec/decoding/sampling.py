@@ -50,12 +50,52 @@ def probs(logits_xV, s: Sampling):
     return p
 
 
+def argmax(logits_xV, block: int = 1024):
+    """jnp.argmax over the last axis (first index of the maximum), in two passes: the maximum of
+    each block of `block` ids, then the winning block. XLA:CPU's one-pass argmax over a large
+    vocabulary is ~10x slower (27 ms against 3 ms for [64, 262144])."""
+    *lead, V = logits_xV.shape
+    if V <= block:
+        return jnp.argmax(logits_xV, axis=-1).astype(jnp.int32)
+    x = jnp.pad(logits_xV, [(0, 0)] * len(lead) + [(0, -V % block)], constant_values=-jnp.inf)
+    x_xNxK = x.reshape(*lead, -1, block)
+    blk_x = jnp.argmax(jnp.max(x_xNxK, axis=-1), axis=-1)
+    in_blk_xK = jnp.take_along_axis(x_xNxK, blk_x[..., None, None], axis=-2)[..., 0, :]
+    return (blk_x * block + jnp.argmax(in_blk_xK, axis=-1)).astype(jnp.int32)
+
+
+def _first_above(cum_xN, u_x, mass_xN):
+    """Index of the first entry whose running sum exceeds u, never one with zero mass."""
+    n_x = jnp.sum(cum_xN <= u_x[..., None], axis=-1)
+    N = cum_xN.shape[-1]
+    last_x = N - 1 - jnp.argmax(jnp.flip(mass_xN > 0, axis=-1), axis=-1)  # last with mass
+    return jnp.minimum(n_x, last_x)
+
+
+def sample(key, p_xV, block: int = 1024):
+    """Draw one id from each distribution `p_xV` (unnormalised mass is fine) by inverting its
+    CDF in two levels (block sums, then within the block): one uniform number per row, where
+    `jax.random.categorical` draws V Gumbel numbers (360 ms against ~10 ms for [64, 262144] on
+    CPU)."""
+    *lead, V = p_xV.shape
+    p = jnp.pad(p_xV, [(0, 0)] * len(lead) + [(0, -V % block)])
+    p_xNxK = p.reshape(*lead, -1, block)
+    mass_xN = jnp.sum(p_xNxK, axis=-1)
+    cum_xN = jnp.cumsum(mass_xN, axis=-1)
+    u_x = jax.random.uniform(key, tuple(lead)) * cum_xN[..., -1]
+    blk_x = _first_above(cum_xN, u_x, mass_xN)
+    before_x = jnp.take_along_axis(cum_xN - mass_xN, blk_x[..., None], axis=-1)[..., 0]
+    in_xK = jnp.take_along_axis(p_xNxK, blk_x[..., None, None], axis=-2)[..., 0, :]
+    idx_x = _first_above(jnp.cumsum(in_xK, axis=-1), u_x - before_x, in_xK)
+    return (blk_x * block + idx_x).astype(jnp.int32)
+
+
 def pick(key, logits_xV, s: Sampling):
     """(token ids [...], distribution [..., V] or None when greedy)."""
     if s.greedy:
-        return jnp.argmax(logits_xV, axis=-1).astype(jnp.int32), None
+        return argmax(logits_xV), None
     p = probs(logits_xV, s)
-    return jax.random.categorical(key, jnp.log(p), axis=-1).astype(jnp.int32), p
+    return sample(key, p), p
 
 
 @flax.struct.dataclass

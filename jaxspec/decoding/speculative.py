@@ -2,6 +2,12 @@
 
 With gamma = 0 there is no draft and each step samples one token from the target: plain
 autoregressive decoding, through the same code.
+
+Continuous batching (plain decoding only) runs the same loop with a bound: `idle_state` makes a
+batch of empty slots, `refill` prefills a fixed-size group of new rows into chosen slots, and
+`resume` decodes until enough rows are done (or a step bound), so the host can take the
+finished rows out and refill their slots. Such a state keeps one key per row, so a row's samples
+depend only on its own seed, not on its slot or on the rows beside it.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import jax.numpy as jnp
 
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.plan import choose_gamma
-from jaxspec.decoding.sampling import DraftProbs, Sampling, probs
+from jaxspec.decoding.sampling import DraftProbs, Sampling, argmax, probs, sample
 from jaxspec.models.cache import KVCache, init_cache
 from jaxspec.models.transformer import fill_cache, forward
 
@@ -29,16 +35,31 @@ class DecodeState:
     done_B: jnp.ndarray
     target_cache: KVCache
     drafter_state: Any
-    key: jnp.ndarray
+    key: jnp.ndarray  # one key for the batch, or one per row [B] (plain decoding only)
     steps_B: jnp.ndarray  # verification steps taken per row
     gained_BxN: jnp.ndarray  # tokens gained at step n (accepted drafts + 1); N = T bounds steps
     gamma_BxN: jnp.ndarray  # tokens drafted at step n
     accepted_B: jnp.ndarray  # drafts accepted and tried, decayed by _MEMORY each step: the
     tried_B: jnp.ndarray  # row's acceptance estimate for gamma="auto"
+    features_BxTxD: jnp.ndarray  # slot t: the target's hidden state at position t, kept for
+    # positions < length - 1 when the drafter reads features (D = 0 otherwise)
 
     @property
     def new_tokens_B(self):
         return self.lengths_B - self.prompt_lengths_B
+
+
+def _split(key, n: int):
+    """`n` keys from `key`: one key, or per-row keys [B] (each row's key split on its own)."""
+    if key.ndim == 0:
+        return tuple(jax.random.split(key, n))
+    keys_BxN = jax.vmap(lambda k: jax.random.split(k, n))(key)
+    return tuple(keys_BxN[:, i] for i in range(n))
+
+
+def reads_features(drafter) -> bool:
+    """Whether the drafter reads the target's hidden states (a hidden-state drafter)."""
+    return drafter is not None and getattr(drafter.spec, "reads_features", False)
 
 
 def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_lengths_B,
@@ -46,25 +67,29 @@ def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_leng
     """Fill both caches with each row's prompt (`fill_cache`: fixed-size chunks, so the prompt
     length never changes compiled shapes)."""
     B, T = tokens_BxT.shape
-    cache = fill_cache(target_params, config, tokens_BxT, prompt_lengths_B,
-                       init_cache(config, B, T))
-    dstate = (drafter.spec.init(drafter.params, tokens_BxT, prompt_lengths_B)
+    filled = fill_cache(target_params, config, tokens_BxT, prompt_lengths_B,
+                        init_cache(config, B, T), features=reads_features(drafter))
+    cache, feats_BxTxD = filled if reads_features(drafter) else (filled, jnp.zeros((B, T, 0)))
+    dstate = (drafter.spec.init(drafter.params, tokens_BxT, prompt_lengths_B, feats_BxTxD)
               if drafter is not None else ())
     return DecodeState(
         tokens_BxT=tokens_BxT, lengths_B=prompt_lengths_B, prompt_lengths_B=prompt_lengths_B,
         max_new_B=max_new_B, done_B=max_new_B <= 0, target_cache=cache, drafter_state=dstate,
         key=key, steps_B=jnp.zeros((B,), jnp.int32), gained_BxN=jnp.zeros((B, T), jnp.int32),
         gamma_BxN=jnp.zeros((B, T), jnp.int32), accepted_B=jnp.zeros((B,), jnp.float32),
-        tried_B=jnp.zeros((B,), jnp.float32))
+        tried_B=jnp.zeros((B,), jnp.float32), features_BxTxD=feats_BxTxD)
 
 
 def verify(target_params, config, state: DecodeState, draft_BxG):
-    """Target logits [B, G+1, V] for the last token and the drafts, in one call."""
+    """Target logits [B, G+1, V] for the last token and the drafts, in one call; the updated
+    cache; and the hidden states [B, G+1, D] (D = 0 when the state keeps none)."""
     B, G = draft_BxG.shape
     last_Bx1 = jnp.take_along_axis(state.tokens_BxT, (state.lengths_B - 1)[:, None], axis=1)
     feed_BxG1 = jnp.concatenate([last_Bx1, draft_BxG], axis=1)
     positions_BxG1 = state.lengths_B[:, None] - 1 + jnp.arange(G + 1)
-    return forward(target_params, config, feed_BxG1, positions_BxG1, state.target_cache)
+    logits_BxG1xV, cache, x_BxG1xD = forward(target_params, config, feed_BxG1, positions_BxG1,
+                                             state.target_cache, features=True)
+    return logits_BxG1xV, cache, x_BxG1xD[..., :state.features_BxTxD.shape[-1]]
 
 
 def accept(key, logits_BxG1xV, draft_BxG, q: DraftProbs | None, sampling: Sampling,
@@ -76,13 +101,15 @@ def accept(key, logits_BxG1xV, draft_BxG, q: DraftProbs | None, sampling: Sampli
     Greedy: the longest prefix of drafts equal to the target's argmax, then the target's token.
     Sampling (Leviathan et al. 2023; Chen et al. 2023): accept draft i with probability
     min(1, p_i/q_i); at the first rejection draw from normalize(max(p - q, 0)); if all are
-    accepted draw a bonus token from p. `q` is None when greedy.
+    accepted draw a bonus token from p. `q` is None when greedy. `key` is one key, or one per
+    row [B] (each row then draws from its own).
     """
     B, G = draft_BxG.shape
     gamma_B = jnp.full((B,), G) if gamma_B is None else gamma_B
-    k_accept, k_fix = jax.random.split(key)
+    k_accept, k_fix = _split(key, 2)
+    per_row = key.ndim == 1
     if sampling.greedy:
-        target_BxG1 = jnp.argmax(logits_BxG1xV, axis=-1).astype(jnp.int32)
+        target_BxG1 = argmax(logits_BxG1xV)
         drafted_BxG = jnp.arange(G) < gamma_B[:, None]
         ok_BxG = (draft_BxG == target_BxG1[:, :G]) & drafted_BxG
         n_B = jnp.sum(jnp.cumprod(ok_BxG, axis=1), axis=1)
@@ -91,7 +118,8 @@ def accept(key, logits_BxG1xV, draft_BxG, q: DraftProbs | None, sampling: Sampli
     n_B = jnp.zeros((B,), jnp.int32)
     if G:
         p_draft_BxG = jnp.take_along_axis(p_BxG1xV[:, :G], draft_BxG[..., None], axis=-1)[..., 0]
-        u_BxG = jax.random.uniform(k_accept, (B, G))
+        u_BxG = (jax.vmap(lambda k: jax.random.uniform(k, (G,)))(k_accept) if per_row
+                 else jax.random.uniform(k_accept, (B, G)))
         ok_BxG = (u_BxG * q.of(draft_BxG) < p_draft_BxG) & (jnp.arange(G) < gamma_B[:, None])
         n_B = jnp.sum(jnp.cumprod(ok_BxG, axis=1), axis=1)
     p_n_BxV = p_BxG1xV[jnp.arange(B), n_B]
@@ -99,15 +127,16 @@ def accept(key, logits_BxG1xV, draft_BxG, q: DraftProbs | None, sampling: Sampli
     r_BxV = q.residual(p_n_BxV, jnp.where(n_B < gamma_B, n_B, G)) if G else p_n_BxV
     mass_Bx1 = jnp.sum(r_BxV, axis=-1, keepdims=True)
     r_BxV = jnp.where(mass_Bx1 > 0, r_BxV / jnp.maximum(mass_Bx1, 1e-30), p_n_BxV)
-    fix_B = jax.random.categorical(k_fix, jnp.log(r_BxV), axis=-1).astype(jnp.int32)
+    fix_B = jax.vmap(sample)(k_fix, r_BxV) if per_row else sample(k_fix, r_BxV)
     padded_BxG1 = jnp.concatenate([draft_BxG, jnp.zeros((B, 1), jnp.int32)], axis=1)
     emitted_BxG1 = jnp.where(jnp.arange(G + 1) == n_B[:, None], fix_B[:, None], padded_BxG1)
     return n_B, emitted_BxG1
 
 
 def advance(state: DecodeState, n_B, emitted_BxG1, stop_ids, target_cache, drafter_state,
-            key) -> DecodeState:
-    """Append each row's gain (cut at a stop token and at its budget); retire finished rows."""
+            key, feats_BxG1xD) -> DecodeState:
+    """Append each row's gain (cut at a stop token and at its budget) and the hidden states of
+    the positions it verified (the last token and the accepted drafts); retire finished rows."""
     B, G1 = emitted_BxG1.shape
     T = state.tokens_BxT.shape[1]
     i_G1 = jnp.arange(G1)
@@ -124,6 +153,9 @@ def advance(state: DecodeState, n_B, emitted_BxG1, stop_ids, target_cache, draft
     rows_Bx1 = jnp.arange(B)[:, None]
     slots_BxG1 = jnp.where(i_G1 < gained_B[:, None], state.lengths_B[:, None] + i_G1, T)
     tokens_BxT = state.tokens_BxT.at[rows_Bx1, slots_BxG1].set(emitted_BxG1, mode="drop")
+    # Verified position length - 1 + i was fed the last token or an accepted draft for i < gain.
+    fslots_BxG1 = jnp.where(i_G1 < gained_B[:, None], slots_BxG1 - 1, T)
+    feats_BxTxD = state.features_BxTxD.at[rows_Bx1, fslots_BxG1].set(feats_BxG1xD, mode="drop")
     lengths_B = state.lengths_B + gained_B
     step_B = jnp.where(state.done_B, T, state.steps_B)  # finished rows log nothing
     gained_BxN = state.gained_BxN.at[jnp.arange(B), step_B].set(gained_B, mode="drop")
@@ -133,7 +165,8 @@ def advance(state: DecodeState, n_B, emitted_BxG1, stop_ids, target_cache, draft
               | full_B)
     return state.replace(tokens_BxT=tokens_BxT, lengths_B=lengths_B, done_B=done_B,
                          target_cache=target_cache, drafter_state=drafter_state, key=key,
-                         steps_B=state.steps_B + (~state.done_B), gained_BxN=gained_BxN)
+                         steps_B=state.steps_B + (~state.done_B), gained_BxN=gained_BxN,
+                         features_BxTxD=feats_BxTxD)
 
 
 _MEMORY = 0.9  # weight of a row's past acceptance per step, for gamma="auto"
@@ -153,37 +186,45 @@ def track(state: DecodeState, gamma_B, n_B) -> DecodeState:
 
 def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState, *,
                 gamma: int, sampling: Sampling, stop_ids: tuple[int, ...],
-                costs: tuple[float, ...] | None = None) -> DecodeState:
+                costs: tuple[float, ...] | None = None, max_steps=None,
+                min_done=None) -> DecodeState:
     """Run until every row is done. Without `costs` every row drafts `gamma` tokens a step;
     with them (the step cost of each draft length 0..gamma, relative to a plain step), each row
     picks its own length every step (`plan.choose_gamma`), and the step drafts and verifies as
-    many positions as the longest row needs (one compiled branch per length)."""
+    many positions as the longest row needs (one compiled branch per length).
+
+    `max_steps` and `min_done` (ints or traced scalars; None: no bound) also end the loop after
+    that many steps, or once at least that many rows are done: a continuous-batching caller then
+    takes the finished rows out and refills their slots (see `resume`)."""
     vocab = config.vocab_size
     B = state.tokens_BxT.shape[0]
+    if state.key.ndim and drafter is not None:
+        raise ValueError("per-row keys are for plain decoding (no drafter)")
 
     def draft_and_verify(g, state, k_draft):
         """Draft g tokens and score g + 1 positions; drafts, q and logits padded to gamma."""
         if g:
             draft_BxG, q, dstate = drafter.spec.propose(
                 drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B, k_draft,
-                sampling, g, vocab)
+                sampling, g, vocab, state.features_BxTxD)
         else:
             draft_BxG, q, dstate = jnp.zeros((B, 0), jnp.int32), None, state.drafter_state
-        logits_BxG1xV, cache = verify(target_params, config, state, draft_BxG)
+        logits_BxG1xV, cache, feats_BxG1xD = verify(target_params, config, state, draft_BxG)
         if g < gamma:
             pad = lambda x: jnp.pad(x, [(0, 0), (0, gamma - g)] + [(0, 0)] * (x.ndim - 2))
             draft_BxG, logits_BxG1xV = pad(draft_BxG), pad(logits_BxG1xV)
+            feats_BxG1xD = pad(feats_BxG1xD)
             if q is not None:
                 q = jax.tree.map(pad, q)
             elif not sampling.greedy:  # no draft: zeros shaped like a full draft's q
                 full_q = jax.eval_shape(lambda: drafter.spec.propose(
                     drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B,
-                    k_draft, sampling, gamma, vocab)[1])
+                    k_draft, sampling, gamma, vocab, state.features_BxTxD)[1])
                 q = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), full_q)
-        return draft_BxG, q, dstate, logits_BxG1xV, cache
+        return draft_BxG, q, dstate, logits_BxG1xV, cache, feats_BxG1xD
 
     def body(state: DecodeState) -> DecodeState:
-        key, k_draft, k_accept = jax.random.split(state.key, 3)
+        key, k_draft, k_accept = _split(state.key, 3)
         if costs is None:
             gamma_B = jnp.full((B,), gamma, jnp.int32)
             out = draft_and_verify(gamma, state, k_draft)
@@ -192,12 +233,23 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
                                 choose_gamma(state.accepted_B, state.tried_B, costs))
             branches = [functools.partial(draft_and_verify, g) for g in range(gamma + 1)]
             out = jax.lax.switch(jnp.max(gamma_B), branches, state, k_draft)
-        draft_BxG, q, dstate, logits_BxG1xV, cache = out
+        draft_BxG, q, dstate, logits_BxG1xV, cache, feats_BxG1xD = out
         n_B, emitted_BxG1 = accept(k_accept, logits_BxG1xV, draft_BxG, q, sampling, gamma_B)
         state = track(state, gamma_B, n_B)
-        return advance(state, n_B, emitted_BxG1, stop_ids, cache, dstate, key)
+        return advance(state, n_B, emitted_BxG1, stop_ids, cache, dstate, key, feats_BxG1xD)
 
-    return jax.lax.while_loop(lambda s: ~jnp.all(s.done_B), body, state)
+    def cond(carry):
+        state, step = carry
+        go = ~jnp.all(state.done_B)
+        if max_steps is not None:
+            go &= step < max_steps
+        if min_done is not None:
+            go &= jnp.sum(state.done_B) < min_done
+        return go
+
+    state, _ = jax.lax.while_loop(cond, lambda c: (body(c[0]), c[1] + 1),
+                                  (state, jnp.zeros((), jnp.int32)))
+    return state
 
 
 def run(target_params, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key, *,
@@ -207,4 +259,42 @@ def run(target_params, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key, *,
     state = prefill(target_params, config, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key)
     return decode_loop(target_params, config, drafter, state, gamma=gamma, sampling=sampling,
                        stop_ids=stop_ids, costs=costs)
+
+
+# Continuous batching: a fixed batch of slots, refilled with new rows as rows finish.
+
+
+def idle_state(config: ModelConfig, batch: int, max_len: int) -> DecodeState:
+    """`batch` empty slots of `max_len` tokens for `refill` to fill: every row done (length 1,
+    budget 0), one key per row, no drafter."""
+    ones_B = lambda: jnp.ones((batch,), jnp.int32)  # a buffer per field: the state is donated
+    return DecodeState(
+        tokens_BxT=jnp.full((batch, max_len), config.pad_token_id, jnp.int32), lengths_B=ones_B(),
+        prompt_lengths_B=ones_B(), max_new_B=jnp.zeros((batch,), jnp.int32),
+        done_B=jnp.ones((batch,), bool), target_cache=init_cache(config, batch, max_len),
+        drafter_state=(), key=jax.random.split(jax.random.key(0), batch),
+        steps_B=jnp.zeros((batch,), jnp.int32), gained_BxN=jnp.zeros((batch, max_len), jnp.int32),
+        gamma_BxN=jnp.zeros((batch, max_len), jnp.int32),
+        accepted_B=jnp.zeros((batch,), jnp.float32), tried_B=jnp.zeros((batch,), jnp.float32),
+        features_BxTxD=jnp.zeros((batch, max_len, 0)))
+
+
+def refill(target_params, state: DecodeState, tokens_RxT, prompt_lengths_R, max_new_R, seeds_R,
+           slots_R, *, config: ModelConfig) -> DecodeState:
+    """Prefill R new rows (row r keyed by `jax.random.key(seeds_R[r])`) and put them into
+    `state`'s rows `slots_R`, replacing what those held; a slot >= the batch size drops its row
+    (padding, for a group of fewer than R). Only the R rows are prefilled, so R stays small and
+    fixed: one compiled function whatever the number of free slots. Jit with `config` static."""
+    keys_R = jax.vmap(jax.random.key)(seeds_R)
+    new = prefill(target_params, config, None, tokens_RxT, prompt_lengths_R, max_new_R, keys_R)
+    return jax.tree.map(lambda big, small: big.at[slots_R].set(small, mode="drop"), state, new)
+
+
+def resume(target_params, drafter, state: DecodeState, max_steps, min_done, *,
+           config: ModelConfig, gamma: int, sampling: Sampling, stop_ids: tuple[int, ...],
+           costs: tuple[float, ...] | None = None) -> DecodeState:
+    """`decode_loop` from `state` for at most `max_steps` steps, ending early once `min_done`
+    rows are done; jit with everything after `*` static."""
+    return decode_loop(target_params, config, drafter, state, gamma=gamma, sampling=sampling,
+                       stop_ids=stop_ids, costs=costs, max_steps=max_steps, min_done=min_done)
 

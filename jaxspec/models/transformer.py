@@ -45,8 +45,9 @@ def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig
 
 
 def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCache,
-            layers: tuple[int, ...] | None = None):
-    """Logits [batch, seq, vocab] (float32) and the updated cache.
+            layers: tuple[int, ...] | None = None, features: bool = False):
+    """Logits [batch, seq, vocab] (float32) and the updated cache; with `features`, also the last
+    layer's output before the final norm [batch, seq, hidden] (what hidden-state drafters read).
 
     `layers` (static) runs only those layers, in order, for self-speculative drafting; the cache
     then holds one entry per listed layer. Positions at or past the cache length are not written.
@@ -73,27 +74,44 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
                          rope, window, config)
         keys.append(k)
         values.append(v)
-    x = L.rms_norm(x, params["final_norm"], config.rms_eps)
+    logits = head(params, config, x)
+    cache = KVCache(tuple(keys), tuple(values))
+    return (logits, cache, x) if features else (logits, cache)
+
+
+def head(params, config: ModelConfig, x_BxSxD, rows=None):
+    """Logits of hidden states: the final norm, then the output head (the tied embedding when
+    there is no `lm_head`); `rows` [K] keeps only those vocabulary rows."""
+    x = L.rms_norm(x_BxSxD, params["final_norm"], config.rms_eps)
     if "lm_head" in params:
-        logits = L.linear(x, params["lm_head"])
-    else:
-        logits = L.linear(x, embed_VxD, w_in_axis=1)
-    return logits, KVCache(tuple(keys), tuple(values))
+        w = params["lm_head"] if rows is None else params["lm_head"][:, rows]
+        return L.linear(x, w)
+    w = params["embed"] if rows is None else params["embed"][rows]
+    return L.linear(x, w, w_in_axis=1)
 
 
 def fill_cache(params, config: ModelConfig, tokens_BxT, n_B, cache: KVCache,
-               layers: tuple[int, ...] | None = None, chunk: int = 64) -> KVCache:
+               layers: tuple[int, ...] | None = None, chunk: int = 64, features: bool = False):
     """Write the keys/values of each row's first `n_B` tokens, `chunk` positions per forward in a
     loop whose trip count is data, so one compiled function serves every prompt length. Slots past
-    a row's `n_B` get padding, which later writes replace before any query reads them."""
+    a row's `n_B` get padding, which later writes replace before any query reads them. With
+    `features`, returns (cache, features [B, T, hidden]) (see `forward`)."""
     B, T = tokens_BxT.shape
     chunk = min(chunk, cache.max_len)
     tokens_BxT = jnp.pad(tokens_BxT, ((0, 0), (0, -T % chunk)))  # slices never clamp
+    feats_BxTxD = jnp.zeros((B, tokens_BxT.shape[1], config.hidden_size if features else 0))
 
-    def body(i, cache):
+    def body(i, carry):
+        cache, feats_BxTxD = carry
         start = i * chunk
         tokens_BxC = jax.lax.dynamic_slice_in_dim(tokens_BxT, start, chunk, axis=1)
         positions_BxC = jnp.broadcast_to(start + jnp.arange(chunk), (B, chunk))
-        return forward(params, config, tokens_BxC, positions_BxC, cache, layers)[1]
+        _, cache, x_BxCxD = forward(params, config, tokens_BxC, positions_BxC, cache, layers,
+                                    features=True)
+        if features:
+            feats_BxTxD = jax.lax.dynamic_update_slice_in_dim(feats_BxTxD, x_BxCxD, start, 1)
+        return cache, feats_BxTxD
 
-    return jax.lax.fori_loop(0, (jnp.max(n_B) + chunk - 1) // chunk, body, cache)
+    cache, feats_BxTxD = jax.lax.fori_loop(0, (jnp.max(n_B) + chunk - 1) // chunk, body,
+                                           (cache, feats_BxTxD))
+    return (cache, feats_BxTxD[:, :T]) if features else cache

@@ -249,11 +249,14 @@ class Batches:
     {"epoch", "index"} is saved with a checkpoint so a resumed run sees the same batches."""
 
     def __init__(self, tokens_NxL: np.ndarray, mask_NxL: np.ndarray, batch_size: int,
-                 seed: int = 0):
+                 seed: int = 0, **extra: np.ndarray):
         if len(tokens_NxL) < batch_size:
             raise UserError(f"{len(tokens_NxL)} packed rows are fewer than one batch of "
                             f"{batch_size}; add data or lower the batch size")
-        self.tokens_NxL, self.mask_NxL = tokens_NxL, mask_NxL
+        for k, v in extra.items():
+            if len(v) != len(tokens_NxL):
+                raise ValueError(f"{k} has {len(v)} rows, tokens {len(tokens_NxL)}")
+        self.tokens_NxL, self.mask_NxL, self.extra = tokens_NxL, mask_NxL, extra
         self.batch_size, self.seed = batch_size, seed
         self.epoch, self.index = 0, 0
 
@@ -261,13 +264,14 @@ class Batches:
         return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.tokens_NxL))
 
     def next(self) -> dict[str, np.ndarray]:
-        """{"tokens": [batch, L], "mask": [batch, L]}; the last partial batch of an epoch is
-        dropped."""
+        """{"tokens": [batch, L], "mask": [batch, L], and each extra array's rows}; the last
+        partial batch of an epoch is dropped."""
         if self.index + self.batch_size > len(self.tokens_NxL):
             self.epoch, self.index = self.epoch + 1, 0
         rows = self._order()[self.index:self.index + self.batch_size]
         self.index += self.batch_size
-        return {"tokens": self.tokens_NxL[rows], "mask": self.mask_NxL[rows]}
+        return {"tokens": self.tokens_NxL[rows], "mask": self.mask_NxL[rows],
+                **{k: v[rows] for k, v in self.extra.items()}}
 
     @property
     def state(self) -> dict[str, int]:

@@ -2,12 +2,16 @@
 
 Keys (see configs/*.yaml):
   seed, target (a model name/path, or {random: {ModelConfig fields}, seed}: a random model with
-  the byte tokenizer), languages [source, target], chat (auto | true | false),
+  the byte tokenizer), dtype (float32 | bfloat16: the target's weights), languages [source,
+  target], chat (auto | true | false),
   template (wraps each translation prompt: "...{prompt}...", e.g. one-shot for base models),
   distributed (null | auto | {coordinator_address, num_processes, process_id}),
   data: {prompts, pretrain, eval}: source specs for `data.load_source` (eval also takes `num`),
-  distill: {out_dir, temperatures, max_new_tokens, block_size, batch_size, top_k, top_p},
-  drafter: {init: target | random, num_layers, config: {ModelConfig overrides}, head_vocab_size},
+  distill: {out_dir, temperatures, max_new_tokens, block_size, batch_size, top_k, top_p, stop,
+           partial (train on the shards finished so far)},
+  drafter: {init: target | random, num_layers, config: {ModelConfig overrides}, head_vocab_size}
+           for a model drafter, or {kind: medusa | hydra | eagle, depth, head_vocab_size, gamma,
+           reg_weight} for a hidden-state head (`run_train_head`),
   train: {workdir, ...TrainSettings shared by both stages, pretrain: {...}, finetune: {...}}.
 A stage runs when its `steps` > 0. The drafter is saved to `<workdir>/drafter`.
 """
@@ -15,20 +19,25 @@ A stage runs when its `steps` > 0. The drafter is saved to `<workdir>/drafter`.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.errors import UserError
 from jaxspec.files import write_atomic
-from jaxspec.training import data, distill, drafter_init, sharding, trainer
+from jaxspec.checkpoints import heads as ckpt_heads
+from jaxspec.decoding import hidden
+from jaxspec.decoding.drafters import Drafter
+from jaxspec.training import data, distill, drafter_init, heads, sharding, trainer
 
 DISTILL_KEYS = ("temperatures", "max_new_tokens", "block_size", "batch_size", "top_k", "top_p",
                 "stop")
-TOP_KEYS = {"seed", "target", "languages", "chat", "template", "distributed", "data", "distill",
+TOP_KEYS = {"seed", "target", "dtype", "languages", "chat", "template", "distributed", "data", "distill",
             "drafter", "train"}
 SOURCE_TYPES = {"tfds", "specbench", "sharegpt", "text", "selfgen"}
 
@@ -48,24 +57,32 @@ def check_config(cfg: dict) -> None:
         unknown("data", [name], ("prompts", "pretrain", "eval"))
         if spec.get("type") not in SOURCE_TYPES:
             raise UserError(f"data.{name}: type must be one of {sorted(SOURCE_TYPES)}")
-    unknown("distill", cfg["distill"], ("out_dir", *DISTILL_KEYS))
+    unknown("distill", cfg["distill"], ("out_dir", "partial", *DISTILL_KEYS))
     drafter = cfg.get("drafter", {})
-    unknown("drafter", drafter, ("init", "num_layers", "config", "head_vocab_size"))
+    unknown("drafter", drafter, ("init", "num_layers", "config", "head_vocab_size", "kind",
+                                 "depth", "gamma", "reg_weight"))
+    if drafter.get("kind", "model") not in ("model", *hidden.KINDS):
+        raise UserError(f"drafter.kind must be 'model' or one of {hidden.KINDS}")
     unknown("drafter.config", drafter.get("config", {}), ModelConfig.__dataclass_fields__)
     if "prompts" not in cfg["data"]:
         raise UserError("recipe: data.prompts (the distillation prompts) is missing")
     if stage_settings(cfg, "pretrain") and "pretrain" not in cfg["data"]:
         raise UserError("recipe: train.pretrain has steps but data.pretrain is missing")
-    stage_settings(cfg, "finetune")
+    for stage in ("pretrain", "finetune"):
+        s = stage_settings(cfg, stage)
+        if s is not None and drafter.get("kind", "model") != "model" and s.loss != "ce":
+            raise UserError(f"train.{stage}: loss {s.loss!r}, but a {drafter['kind']} head "
+                            f"trains with its own loss (cross-entropy of its drafts; eagle adds "
+                            f"feature regression); set loss: ce")
 
 
-def load_target(spec):
-    """A registered name or path through `jaxspec.load`, or {random: {...}, seed}: a random model
-    with the byte tokenizer (tests, notebooks)."""
+def load_target(spec, dtype: str = "float32"):
+    """A registered name or path through `jaxspec.load` (weights in `dtype`), or {random: {...},
+    seed}: a random model with the byte tokenizer (tests, notebooks)."""
     from jaxspec.loading import Model, load
 
     if isinstance(spec, str):
-        return load(spec)
+        return load(spec, dtype=dtype)
     if not isinstance(spec, dict) or "random" not in spec:
         raise UserError(f"target must be a model name/path or {{random: {{...}}}}, got {spec!r}")
     config = ModelConfig.from_dict(spec["random"])
@@ -121,13 +138,24 @@ def run_distill(cfg: dict, generate_fn: Callable | None = None) -> Path:
     """Self-distillation of the `data.prompts` source by the target; returns the output dir."""
     check_config(cfg)
     sharding.init_distributed(cfg.get("distributed"))
-    target = load_target(cfg["target"])
+    target = load_target(cfg["target"], cfg.get("dtype", "float32"))
     dcfg = cfg["distill"]
     prompts = _cached_prompts(cfg, target, generate_fn)
     return distill.distill(target, prompts, dcfg["out_dir"], seed=cfg.get("seed", 0),
                            chat=_chat(cfg, target), generate_fn=generate_fn,
                            process_index=jax.process_index(), process_count=jax.process_count(),
                            **{k: dcfg[k] for k in DISTILL_KEYS if k in dcfg})
+
+
+def distilled(cfg: dict) -> list[dict]:
+    """The distilled records; with `distill.partial: true`, those of the shards finished so
+    far (training may start before a long distillation ends), counted on stderr."""
+    dcfg = cfg["distill"]
+    records = distill.read_distilled(dcfg["out_dir"], require_complete=not dcfg.get("partial"))
+    if dcfg.get("partial"):
+        print(f"jaxspec: training on {len(records)} distilled records (distill.partial)",
+              file=sys.stderr)
+    return records
 
 
 def init_drafter(cfg: dict, target, token_ids) -> tuple[ModelConfig, dict, np.ndarray | None]:
@@ -173,9 +201,11 @@ def run_train(cfg: dict, speculative_fn: Callable | None = None,
     drafter; each stage resumes from its own checkpoints. Returns the saved drafter's path."""
     check_config(cfg)
     sharding.init_distributed(cfg.get("distributed"))
-    target = load_target(cfg["target"])
+    target = load_target(cfg["target"], cfg.get("dtype", "float32"))
     workdir = Path(cfg["train"]["workdir"])
-    records = distill.read_distilled(cfg["distill"]["out_dir"])
+    if cfg.get("drafter", {}).get("kind", "model") != "model":
+        return run_train_head(cfg, target, workdir, speculative_fn, generate_fn)
+    records = distilled(cfg)
     config, params, vocab_ids = init_drafter(
         cfg, target, [r["prompt_ids"] + r["response_ids"] for r in records])
     pad, chat = target.config.pad_token_id, _chat(cfg, target)
@@ -212,3 +242,66 @@ def embed_source(cfg: dict) -> str | None:
     frozen = all("embed" in st.freeze for st in stages)
     return (cfg["target"] if frozen and isinstance(cfg["target"], str)
             and cfg.get("drafter", {}).get("init", "target") == "target" else None)
+
+
+def features_dir(cfg: dict) -> Path:
+    """Where the target's features are cached: next to the distilled data, so heads of every
+    kind trained on the same rows share them."""
+    return Path(cfg["distill"]["out_dir"]).parent / "features"
+
+
+def run_train_head(cfg: dict, target, workdir: Path, speculative_fn: Callable | None,
+                   generate_fn: Callable | None) -> Path:
+    """A hidden-state head (drafter.kind): pretrained on `data.pretrain` text (the generic head,
+    saved to `<workdir>/drafter-generic`), then finetuned on the distilled responses (saved to
+    `<workdir>/drafter`, returned). Each stage's head covers the `head_vocab_size` most frequent
+    ids of its own training text (the head rows are the target's, so they can change between
+    stages); the target's features of every row are cached (`features_dir`)."""
+    dcfg = cfg["drafter"]
+    kind, depth, seed = dcfg["kind"], int(dcfg.get("depth", 4)), cfg.get("seed", 0)
+    V, pad, chat = target.config.vocab_size, target.config.pad_token_id, _chat(cfg, target)
+    eos = target.config.eos_token_ids or (target.tokenizer.eos_token_id,)
+    spec = hidden.HiddenSpec(kind, target.config, depth)
+    head = jax.device_get(hidden.head_params(kind, target.config, depth, jax.random.key(seed),
+                                             target.params))
+    eval_prompts = (_cached_source(cfg, "eval", workdir / "eval_prompts.json",
+                                   lambda: _prompts(cfg, "eval", target, generate_fn))
+                    if "eval" in cfg["data"] else [])
+    path = None
+    for stage in ("pretrain", "finetune"):
+        s = stage_settings(cfg, stage)
+        if s is None:
+            continue
+        if stage == "pretrain":
+            texts = _cached_source(cfg, "pretrain", workdir / "pretrain_texts.json",
+                                   lambda: data.to_texts(data.load_source(
+                                       cfg["data"]["pretrain"], target, generate_fn)))
+            examples = data.text_examples(target.tokenizer, texts, eos[0])
+        else:
+            examples = data.distilled_examples(distilled(cfg))
+        vocab_ids = np.arange(V, dtype=np.int32)
+        if dcfg.get("head_vocab_size"):
+            vocab_ids = drafter_init.frequent_vocab(
+                [[t for t, m in zip(ids, mask) if m] for ids, mask in examples],
+                int(dcfg["head_vocab_size"]), V, always=eos)
+        shared = hidden.shared_params(target.params, vocab_ids)
+        ids = jnp.asarray(vocab_ids)
+        tokens, mask = heads.example_rows(examples, s.seq_len, pad)
+        feats = heads.target_features(target, tokens, features_dir(cfg), heads.row_lengths(mask))
+        mesh = sharding.make_mesh(*s.mesh)
+        head = trainer.host_params(trainer.train(
+            s, target.config, head, data.Batches(tokens, mask, s.batch_size, s.seed,
+                                                 features=feats),
+            workdir / stage, teacher=target, eval_prompts=eval_prompts,
+            speculative_fn=speculative_fn, tokenizer=target.tokenizer, chat=chat, mesh=mesh,
+            loss=heads.head_loss(spec, trainer.head_index(vocab_ids, V),
+                                 dcfg.get("reg_weight", 1.0), s.bf16),
+            frozen=shared, param_shardings=jax.tree.map(lambda _: sharding.replicated(mesh), head),
+            drafter_fn=lambda h, shared=shared, ids=ids: Drafter(
+                {"shared": shared, "head": h, "vocab_ids": ids}, spec, kind)))
+        path = ckpt_heads.save(workdir / ("drafter-generic" if stage == "pretrain" else "drafter"),
+                               kind, head, vocab_ids, target, depth, dcfg.get("gamma"),
+                               extra={"languages": cfg.get("languages"), "stage": stage})
+    if path is None:
+        raise UserError("recipe: train.pretrain and train.finetune both have no steps")
+    return path

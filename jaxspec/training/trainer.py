@@ -30,7 +30,6 @@ from jaxspec.decoding.drafters import model_drafter
 from jaxspec.decoding.runner import speculative_generate
 from jaxspec.errors import UserError
 from jaxspec.loading import Model, forward_logits
-from jaxspec.models.params import param_shapes
 from jaxspec.training import sharding as shd
 from jaxspec.training.data import Batches
 from jaxspec.training.losses import loss_fn_by_name
@@ -153,16 +152,22 @@ def make_loss(config: ModelConfig, s: TrainSettings, teacher_config: ModelConfig
 
 def make_train_step(config: ModelConfig, s: TrainSettings, opt: optax.GradientTransformation,
                     schedule, teacher_config: ModelConfig | None = None,
-                    vocab_ids: np.ndarray | None = None) -> Callable:
+                    vocab_ids: np.ndarray | None = None, loss: Callable | None = None
+                    ) -> Callable:
     """`step(state, batch, teacher_params) -> (state, metrics)`; batch arrays are
-    [grad_accum, micro_batch, seq_len + 1]; the loss and gradient are means over micro-batches."""
-    grad_fn = jax.value_and_grad(make_loss(config, s, teacher_config, vocab_ids), has_aux=True)
+    [grad_accum, micro_batch, seq_len + 1, ...]; the loss and gradient are means over
+    micro-batches. `loss(params, teacher_params, micro_batch) -> (loss, num_targets)` replaces
+    the drafter model's next-token loss (`make_loss`), e.g. a hidden-state head's."""
+    if loss is None:
+        model_loss = make_loss(config, s, teacher_config, vocab_ids)
+        loss = lambda p, t, b: model_loss(p, t, b["tokens"], b["mask"])  # noqa: E731
+    grad_fn = jax.value_and_grad(loss, has_aux=True)
 
     def step(state, batch, teacher_params):
         params = state["params"]
 
         def micro(acc, xs):
-            (loss, n), grads = grad_fn(params, teacher_params, xs["tokens"], xs["mask"])
+            (loss, n), grads = grad_fn(params, teacher_params, xs)
             acc = jax.tree.map(jnp.add, acc, (loss, n, grads))
             return acc, None
 
@@ -180,19 +185,17 @@ def make_train_step(config: ModelConfig, s: TrainSettings, opt: optax.GradientTr
     return step
 
 
-def abstract_state(config: ModelConfig, opt) -> dict:
-    """Shapes and dtypes of the train state (float32 params)."""
-    params = jax.tree.map(lambda shape: jax.ShapeDtypeStruct(shape, jnp.float32),
-                          param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
+def abstract_state(params, opt) -> dict:
+    """Shapes and dtypes of the train state: float32 params shaped like `params`."""
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jnp.float32), params)
     return {"step": jax.ShapeDtypeStruct((), jnp.int32), "params": params,
             "opt_state": jax.eval_shape(opt.init, params)}
 
 
-def state_shardings(config: ModelConfig, opt, mesh) -> dict:
-    """Shardings of the train state: params by the rule table, optimizer moments like their
-    params, scalars replicated."""
-    p_sh = shd.param_shardings(config, mesh)
-    opt_sh = optax.tree_map_params(opt, lambda _, sh: sh, abstract_state(config, opt)["opt_state"],
+def state_shardings(p_sh, params, opt, mesh) -> dict:
+    """Shardings of the train state: params by `p_sh`, optimizer moments like their params,
+    scalars replicated."""
+    opt_sh = optax.tree_map_params(opt, lambda _, sh: sh, abstract_state(params, opt)["opt_state"],
                                    p_sh, transform_non_params=lambda _: shd.replicated(mesh))
     return {"step": shd.replicated(mesh), "params": p_sh, "opt_state": opt_sh}
 
@@ -237,11 +240,17 @@ class MetricsLog:
 
 
 def measure_tau(teacher, config: ModelConfig, params, tokenizer, vocab_ids, prompts: Sequence[str],
-                s: TrainSettings, step: int, speculative_fn: Callable | None, chat: bool) -> float:
-    """Mean tokens per verification step of the drafter against the target on `prompts`."""
-    drafter = Model(config, jax.tree.map(jnp.asarray, host_params(params)), tokenizer, "drafter")
-    if vocab_ids is not None:
-        drafter = model_drafter(drafter, vocab_ids)
+                s: TrainSettings, step: int, speculative_fn: Callable | None, chat: bool,
+                drafter_fn: Callable | None = None) -> float:
+    """Mean tokens per verification step of the drafter against the target on `prompts`;
+    `drafter_fn(params)` builds the drafter when it is not a model (a hidden-state head)."""
+    params = jax.tree.map(jnp.asarray, host_params(params))
+    if drafter_fn is not None:
+        drafter = drafter_fn(params)
+    else:
+        drafter = Model(config, params, tokenizer, "drafter")
+        if vocab_ids is not None:
+            drafter = model_drafter(drafter, vocab_ids)
     out = (speculative_fn or speculative_generate)(teacher, drafter, list(prompts), gamma=s.eval_gamma,
                          max_new_tokens=s.eval_max_new_tokens, temperature=s.eval_temperature,
                          seed=s.seed + step, chat=chat)
@@ -260,10 +269,15 @@ def _checkpoint_manager(directory: Path, s: TrainSettings):
 def train(s: TrainSettings, config: ModelConfig, init_params, batches: Batches,
           workdir: str | os.PathLike, *, teacher=None, vocab_ids: np.ndarray | None = None,
           eval_prompts: Sequence[str] = (), speculative_fn: Callable | None = None,
-          tokenizer=None, chat: bool = False, mesh=None) -> dict:
+          tokenizer=None, chat: bool = False, mesh=None, loss: Callable | None = None,
+          param_shardings=None, drafter_fn: Callable | None = None, frozen=None) -> dict:
     """Train the drafter `config` from `init_params` (host arrays) on `batches`, resuming from
     the latest checkpoint in `<workdir>/checkpoints`. `teacher` (a Model) gives the kl/tvdpp
-    targets and is the target for tau. Returns the final params (global arrays)."""
+    targets and is the target for tau. Returns the final params (global arrays).
+
+    A drafter that is not a model (a hidden-state head) passes its `loss` (see
+    `make_train_step`), `param_shardings`, `drafter_fn` (params -> Drafter, for tau) and the
+    `frozen` arrays its loss reads (replicated, passed where a teacher's params go)."""
     import orbax.checkpoint as ocp
     from tqdm.auto import tqdm
 
@@ -272,25 +286,36 @@ def train(s: TrainSettings, config: ModelConfig, init_params, batches: Batches,
     if batches.tokens_NxL.shape[1] != s.seq_len + 1:
         raise ValueError(f"packed rows have {batches.tokens_NxL.shape[1]} tokens, expected "
                          f"seq_len + 1 = {s.seq_len + 1}")
+    if loss is not None and s.loss != "ce":
+        raise ValueError(f"settings ask loss {s.loss!r}, but a given `loss` replaces the drafter "
+                         f"model's losses (and gets `frozen`, not the teacher's params); set "
+                         f"loss to 'ce'")
     if s.loss in TEACHER_LOSSES and teacher is None:
         raise ValueError(f"loss {s.loss!r} needs the target as teacher")
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     mesh = mesh or shd.make_mesh(*s.mesh)
     opt, schedule = make_optimizer(s)
-    state_sh = state_shardings(config, opt, mesh)
+    p_sh = param_shardings or shd.param_shardings(config, mesh)
+    state_sh = state_shardings(p_sh, init_params, opt, mesh)
     use_teacher = s.loss in TEACHER_LOSSES
     teacher_params, teacher_sh = {}, {}
     if use_teacher:
         teacher_sh = shd.param_shardings(teacher.config, mesh)
         teacher_params = _place(teacher.params, teacher_sh)
-    batch_sh = shd.batch_sharding(mesh, ndim=3, leading=1)
-    shd.check_divisible("micro-batch", (s.grad_accum, s.micro_batch, s.seq_len + 1),
-                        batch_sh.spec, mesh)
+    elif frozen is not None:
+        teacher_sh = jax.tree.map(lambda _: shd.replicated(mesh), frozen)
+        teacher_params = _place(frozen, teacher_sh)
+    arrays = {"tokens": batches.tokens_NxL, "mask": batches.mask_NxL, **batches.extra}
+    batch_sh = {k: shd.batch_sharding(mesh, ndim=v.ndim + 1, leading=1)
+                for k, v in arrays.items()}
+    for k, v in arrays.items():
+        shd.check_divisible(f"micro-batch {k}", (s.grad_accum, s.micro_batch, *v.shape[1:]),
+                            batch_sh[k].spec, mesh)
     step_fn = jax.jit(
         make_train_step(config, s, opt, schedule, teacher.config if use_teacher else None,
-                        vocab_ids),
-        in_shardings=(state_sh, {"tokens": batch_sh, "mask": batch_sh}, teacher_sh),
+                        vocab_ids, loss),
+        in_shardings=(state_sh, batch_sh, teacher_sh),
         out_shardings=(state_sh, shd.replicated(mesh)), donate_argnums=0)
 
     mngr = _checkpoint_manager(workdir / "checkpoints", s)
@@ -304,7 +329,7 @@ def train(s: TrainSettings, config: ModelConfig, init_params, batches: Batches,
     else:
         abstract = jax.tree.map(
             lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-            abstract_state(config, opt), state_sh)
+            abstract_state(init_params, opt), state_sh)
         restored = mngr.restore(start, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
         state = restored["state"]
@@ -316,8 +341,8 @@ def train(s: TrainSettings, config: ModelConfig, init_params, batches: Batches,
     pending, t0 = None, time.perf_counter()
     for step in range(start, s.steps):
         rows = batches.next()
-        host = {k: v.reshape(s.grad_accum, s.micro_batch, -1) for k, v in rows.items()}
-        batch = {k: shd.global_array(v, batch_sh) for k, v in host.items()}
+        host = {k: v.reshape(s.grad_accum, s.micro_batch, *v.shape[1:]) for k, v in rows.items()}
+        batch = {k: shd.global_array(v, batch_sh[k]) for k, v in host.items()}
         state, metrics = step_fn(state, batch, teacher_params)
         done = step + 1
         if pending is not None:  # read the previous step's metrics: never stall the device
@@ -328,7 +353,7 @@ def train(s: TrainSettings, config: ModelConfig, init_params, batches: Batches,
                                                     data=ocp.args.JsonSave(batches.state)))
         if s.eval_every and done % s.eval_every == 0 and teacher is not None and eval_prompts:
             tau = measure_tau(teacher, config, state["params"], tokenizer, vocab_ids,
-                              eval_prompts, s, done, speculative_fn, chat)
+                              eval_prompts, s, done, speculative_fn, chat, drafter_fn)
             log.log(done, {"tau": tau})
             bar.set_postfix(tau=f"{tau:.2f}")
         bar.update(1)

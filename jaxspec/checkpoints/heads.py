@@ -1,0 +1,104 @@
+"""Hidden-state drafter checkpoints: the trained head weights in bfloat16 and what they serve.
+
+Layout: `<dir>/head.json` (kind, depth, tuned gamma, the target's name, the config fields the
+head depends on, a fingerprint of its tokenizer, the head's vocabulary ids) and
+`<dir>/weights.npz` (each weight as the raw bits of bfloat16, ~2 bytes per parameter). Nothing
+of the target is stored: its embedding, final norm and head rows are read from the target when
+the drafter is built. Written to a temporary sibling and renamed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+import jax
+import ml_dtypes
+import numpy as np
+
+from jaxspec.errors import UserError
+
+MARKER = "head.json"
+FORMAT = 1
+_TARGET_FIELDS = ("arch", "hidden_size", "vocab_size", "num_heads", "num_kv_heads", "head_dim",
+                  "intermediate_size")
+
+
+def is_head(path: str | os.PathLike) -> bool:
+    return (Path(path) / MARKER).is_file()
+
+
+def tokenizer_fingerprint(tokenizer) -> str | None:
+    """A hash of the tokenizer's vocabulary (None without one)."""
+    if tokenizer is None:
+        return None
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def save(path: str | os.PathLike, kind: str, head: dict, vocab_ids, target, depth: int,
+         tuned_gamma: int | None = None, extra: dict | None = None) -> Path:
+    """Write the head `head` (a param pytree) of a `kind` drafter for `target` (a Model)."""
+    path = Path(path).absolute()
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    flat = {jax.tree_util.keystr(p): np.asarray(v, np.float32).astype(ml_dtypes.bfloat16)
+            for p, v in jax.tree.flatten_with_path(head)[0]}
+    np.savez(tmp / "weights.npz", **{k: v.view(np.uint16) for k, v in flat.items()})
+    meta = {"format": FORMAT, "kind": kind, "depth": depth, "tuned_gamma": tuned_gamma,
+            "target": target.name, "target_config": {f: getattr(target.config, f)
+                                                     for f in _TARGET_FIELDS},
+            "tokenizer": tokenizer_fingerprint(target.tokenizer),
+            "vocab_ids": [int(i) for i in np.asarray(vocab_ids)], **(extra or {})}
+    (tmp / MARKER).write_text(json.dumps(meta))
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+    return path
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    try:
+        meta = json.loads((Path(path) / MARKER).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}/{MARKER} is unreadable: {e}") from None
+    if meta.get("format") != FORMAT:
+        raise UserError(f"{path}: head format {meta.get('format')}, this jaxspec reads {FORMAT}")
+    return meta
+
+
+def check_target(meta: dict, target, path) -> None:
+    """Refuse a head trained for a target with another shape or tokenizer, naming the field."""
+    for field, want in meta["target_config"].items():
+        have = getattr(target.config, field)
+        if have != want:
+            raise UserError(f"{path} was trained for a target with {field} {want} "
+                            f"({meta['target']}); this target has {have}")
+    fp = tokenizer_fingerprint(target.tokenizer)
+    if meta["tokenizer"] is not None and fp is not None and fp != meta["tokenizer"]:
+        raise UserError(f"{path} was trained with the tokenizer of {meta['target']}; this "
+                        f"target's tokenizer differs")
+
+
+def load(path: str | os.PathLike) -> tuple[dict, dict]:
+    """(meta, head params as float32 numpy, nested like the saved pytree)."""
+    path = Path(path)
+    meta = read_meta(path)
+    try:
+        with np.load(path / "weights.npz") as z:
+            flat = {k: z[k].view(ml_dtypes.bfloat16).astype(np.float32) for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:  # a truncated file: the
+        # last two (np.load of an empty file; a zip without its central directory)
+        raise UserError(f"{path}/weights.npz is unreadable: {e}") from None
+    head: dict = {}
+    for key, value in flat.items():  # keys like "['layer']['wq']"
+        parts = [p.strip("'\"") for p in key.strip("[]").split("][")]
+        node = head
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return meta, head

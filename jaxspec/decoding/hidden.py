@@ -1,0 +1,285 @@
+"""Drafters that read the target's hidden states: Medusa, Hydra (MLP speculator) and EAGLE.
+
+Each drafts from `features_BxTxD` (slot p: the target's last-layer output at position p, before
+its final norm) and shares the target's frozen embedding, final norm and output-head rows:
+`params["shared"]` holds references to the target's arrays and the head rows `head_KxD` at
+`params["vocab_ids"]` (gathered when the drafter is built, never stored in its checkpoint), and
+`params["head"]` the trained weights. The heads work in the space the target's output head reads:
+a feature passes the target's final norm first (which also tames the few huge dimensions of the
+raw residual stream), and a head's output goes straight to the head rows, as in Medusa and
+EAGLE.
+
+  medusa: head k (1..K) reads f_p and proposes the token at p + 1 + k (Cai et al. 2024).
+  hydra:  stage k reads stage k-1's state and the embedding of the token before the one it
+          proposes (sequential, as IBM's MLP speculator and Hydra; Wertheimer et al. 2024).
+  eagle:  one decoder layer of the target's architecture over fc([f_p; e(token p+1)]) predicts
+          f_{p+1}, autoregressively in feature space with its own KV cache (Li et al. 2024).
+
+`loss` is each kind's training objective over teacher-forced features; drafting and training
+share the per-position functions, so what is trained is what drafts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.config import ModelConfig
+from jaxspec.decoding.drafters import Drafter
+from jaxspec.decoding.sampling import DraftProbs, pick
+from jaxspec.errors import UserError
+from jaxspec.models import layers as L
+from jaxspec.models.cache import init_cache
+from jaxspec.models.params import init_params
+from jaxspec.models.transformer import _layer
+
+KINDS = ("medusa", "hydra", "eagle")
+_WINDOW = 16  # positions EAGLE refeeds each step with the target's verified features
+
+
+def _norm(x):
+    return L.rms_norm(x, jnp.ones(x.shape[-1:], jnp.float32), 1e-6)
+
+
+def _embed(shared, config: ModelConfig, tokens):
+    e = shared["embed"][tokens].astype(jnp.float32)
+    return _norm(e)  # Gemma's sqrt(D) scale vanishes in the norm
+
+
+def _feature(shared, config: ModelConfig, f_xD):
+    """A target feature as its output head reads it: through the target's final norm."""
+    return L.rms_norm(f_xD, shared["final_norm"], config.rms_eps)
+
+
+def _logits(shared, h_xD):
+    """Logits over the head's K ids from a final-normed feature (or a head's prediction of one)."""
+    lead = h_xD.shape[:-1]
+    x_BxSxD = h_xD.reshape(-1, 1, h_xD.shape[-1])
+    return L.linear(x_BxSxD, shared["head_KxD"], w_in_axis=1).reshape(*lead, -1)
+
+
+@dataclasses.dataclass(frozen=True)
+class HiddenSpec:
+    """A hidden-state drafter of `kind` for a target with `config`; `depth` heads or stages
+    (medusa, hydra: the longest draft), `tuned_gamma` the draft length it was tuned for."""
+
+    kind: str
+    config: ModelConfig
+    depth: int = 4
+    tuned_gamma: int | None = None
+    reads_features = True
+
+    def validate(self, params, target) -> None:
+        c, t = self.config, target.config
+        for field in ("hidden_size", "vocab_size", "arch"):
+            if getattr(c, field) != getattr(t, field):
+                raise UserError(f"this {self.kind} drafter was trained for a target with "
+                                f"{field} {getattr(c, field)}; the target has {getattr(t, field)}")
+        ids = np.asarray(params["vocab_ids"])
+        if ids.min() < 0 or ids.max() >= t.vocab_size:
+            raise UserError(f"drafter vocab_ids reach {ids.max()}, target vocabulary is "
+                            f"{t.vocab_size}")
+
+    # -- per-position functions, shared by drafting and training --------------------------
+
+    def medusa_head(self, params, k: int, f_xD):
+        h = _feature(params["shared"], self.config, f_xD)
+        w = params["head"]["w"][k]
+        return h + jax.nn.silu(L.linear(h.reshape(-1, 1, h.shape[-1]), w).reshape(h.shape))
+
+    def hydra_stage(self, params, k: int, s_xD, tok_x):
+        """Stage k: the previous stage's state (a final-normed feature for k = 0) plus an update
+        from it and the embedding of the token before the one this stage drafts."""
+        p = params["head"]
+        x = jnp.concatenate([_norm(s_xD), _embed(params["shared"], self.config, tok_x)], -1)
+        y = L.linear(x.reshape(-1, 1, x.shape[-1]), p["w"][k]).reshape(s_xD.shape)
+        return s_xD + jax.nn.gelu(L.rms_norm(y, p["norm"][k], 1e-6), approximate=True)
+
+    def eagle_layer(self, params, f_BxSxD, tok_BxS, positions_BxS, cache):
+        """Predicted final-normed features of positions p + 1 from those of p (`f_BxSxD`) and
+        the tokens at p + 1."""
+        p = params["head"]
+        x = jnp.concatenate([_norm(f_BxSxD), _embed(params["shared"], self.config, tok_BxS)], -1)
+        x = L.linear(x, p["fc"])
+        rope = L.rope_angles(positions_BxS, L.rope_inv_freq(
+            self.config.head_dim, self.config.rope_theta, self.config.rope_scaling))
+        h, k, v = _layer(x, p["layer"], cache.keys[0], cache.values[0], positions_BxS, rope,
+                         None, self.config)
+        # Like the target's own last layer, its output passes the target's final norm.
+        return (_feature(params["shared"], self.config, h),
+                cache.replace(keys=(k,), values=(v,)))
+
+    # -- drafting --------------------------------------------------------------------------
+
+    def init(self, params, tokens_BxT, lengths_B, features_BxTxD):
+        """EAGLE's cache over every position at once (slots past a row's text hold padding,
+        which its drafting overwrites before any query reads them)."""
+        if self.kind != "eagle":
+            return ()
+        B, T = tokens_BxT.shape
+        cache = init_cache(self.config, B, T, num_layers=1)
+        pos_BxT = jnp.broadcast_to(jnp.arange(T), (B, T))
+        return self._feed(params, cache, tokens_BxT, features_BxTxD, pos_BxT)[1]
+
+    def _feed(self, params, cache, tokens_BxT, features_BxTxD, pos_BxS):
+        """Run EAGLE over positions `pos_BxS` with the target's own features and next tokens."""
+        T = tokens_BxT.shape[1]
+        f_BxSxD = _feature(params["shared"], self.config,
+                           jnp.take_along_axis(features_BxTxD, pos_BxS[..., None], axis=1))
+        tok_BxS = jnp.take_along_axis(tokens_BxT, jnp.minimum(pos_BxS + 1, T - 1), axis=1)
+        return self.eagle_layer(params, f_BxSxD, tok_BxS, pos_BxS, cache)
+
+    def _catch_up(self, params, cache, tokens_BxT, lengths_B, features_BxTxD):
+        """Refeed EAGLE the `_WINDOW` positions up to length - 2 with the target's verified
+        features, replacing what it drafted there, and return its output at length - 2 (the
+        first draft's feature). A step gains at most gamma + 1 <= `_WINDOW` positions; only after
+        more plain steps in a row (gamma "auto") do older slots keep drafted values, which costs
+        acceptance, never exactness. One fixed-shape call: a loop here would copy the shared
+        embedding into its carry on every step."""
+        pos_BxW = jnp.maximum(lengths_B[:, None] - 1 - _WINDOW + jnp.arange(_WINDOW), 0)
+        out_BxWxD, cache = self._feed(params, cache, tokens_BxT, features_BxTxD, pos_BxW)
+        return cache, out_BxWxD[:, -1]
+
+    def _pick(self, params, key, h_BxD, sampling):
+        idx_B, q_BxK = pick(key, _logits(params["shared"], h_BxD), sampling)
+        return params["vocab_ids"][idx_B], q_BxK
+
+    def propose(self, params, state, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size,
+                features_BxTxD):
+        if self.kind != "eagle" and gamma > self.depth:
+            raise UserError(f"this {self.kind} drafter has {self.depth} heads; gamma {gamma} "
+                            f"asks for more")
+        rows_B = jnp.arange(tokens_BxT.shape[0])
+        f_BxD = features_BxTxD[rows_B, jnp.maximum(lengths_B - 2, 0)]
+        last_B = tokens_BxT[rows_B, jnp.maximum(lengths_B - 1, 0)]
+        keys = jax.random.split(key, gamma)
+        drafts, qs = [], []
+        if self.kind == "medusa":
+            for k in range(gamma):
+                tok_B, q = self._pick(params, keys[k], self.medusa_head(params, k, f_BxD),
+                                      sampling)
+                drafts.append(tok_B), qs.append(q)
+        elif self.kind == "hydra":
+            s_BxD, tok_B = _feature(params["shared"], self.config, f_BxD), last_B
+            for k in range(gamma):
+                s_BxD = self.hydra_stage(params, k, s_BxD, tok_B)
+                tok_B, q = self._pick(params, keys[k], s_BxD, sampling)
+                drafts.append(tok_B), qs.append(q)
+        else:
+            cache, h_BxD = self._catch_up(params, state, tokens_BxT, lengths_B, features_BxTxD)
+            tok_B, q = self._pick(params, keys[0], h_BxD, sampling)
+            drafts.append(tok_B), qs.append(q)
+            for k in range(1, gamma):  # position length - 2 + k, fed its predicted feature
+                pos_Bx1 = (lengths_B - 2 + k)[:, None]
+                out_Bx1xD, cache = self.eagle_layer(params, h_BxD[:, None], tok_B[:, None],
+                                                    pos_Bx1, cache)
+                h_BxD = out_Bx1xD[:, 0]
+                tok_B, q = self._pick(params, keys[k], h_BxD, sampling)
+                drafts.append(tok_B), qs.append(q)
+            state = cache
+        draft_BxG = jnp.stack(drafts, axis=1)
+        if sampling.greedy:
+            return draft_BxG, None, state
+        q_BxGxK = jnp.stack(qs, axis=1)
+        ids_BxGxK = jnp.broadcast_to(params["vocab_ids"], q_BxGxK.shape)
+        return draft_BxG, DraftProbs(q_BxGxK, ids_BxGxK), state
+
+    # -- training --------------------------------------------------------------------------
+
+    def loss(self, params, features_BxLxD, tokens_BxL, mask_BxL, to_head_V, reg_weight=1.0):
+        """Mean cross-entropy over the head's ids (targets outside the head are skipped) of every
+        head/stage/position that drafts a masked token, weighted 0.8^k by depth for medusa and
+        hydra; plus, for eagle, `reg_weight` x the smooth-L1 distance between its output and the
+        next position's final-normed feature, relative to that feature's RMS. Returns
+        (loss, num_targets)."""
+        B, Lq, D = features_BxLxD.shape
+        total, count = 0.0, 0
+
+        def ce(h_BxSxD, targets_BxS, mask_BxS, weight):
+            logits = _logits(params["shared"], h_BxSxD)
+            t = to_head_V[targets_BxS]
+            m = mask_BxS & (t >= 0)
+            logp = jax.nn.log_softmax(logits, axis=-1)
+            nll = -jnp.take_along_axis(logp, jnp.maximum(t, 0)[..., None], axis=-1)[..., 0]
+            n = jnp.sum(m)
+            return weight * jnp.sum(jnp.where(m, nll, 0.0)) / jnp.maximum(n, 1), n
+
+        if self.kind == "medusa":
+            for k in range(self.depth):  # f_p -> token p + 2 + k
+                S = Lq - 2 - k
+                h = self.medusa_head(params, k, features_BxLxD[:, :S])
+                c, n = ce(h, tokens_BxL[:, 2 + k:], mask_BxL[:, 2 + k:], 0.8 ** k)
+                total, count = total + c, count + n
+        elif self.kind == "hydra":
+            s = _feature(params["shared"], self.config, features_BxLxD[:, :Lq - 2])
+            for k in range(self.depth):  # stage k reads token p + 1 + k, drafts p + 2 + k
+                S = Lq - 2 - k
+                s = self.hydra_stage(params, k, s[:, :S], tokens_BxL[:, 1 + k:1 + k + S])
+                c, n = ce(s, tokens_BxL[:, 2 + k:], mask_BxL[:, 2 + k:], 0.8 ** k)
+                total, count = total + c, count + n
+        else:
+            S = Lq - 2
+            positions_BxS = jnp.broadcast_to(jnp.arange(S), (B, S))
+            cache = init_cache(self.config, B, S, num_layers=1)
+            f_BxLxD = _feature(params["shared"], self.config, features_BxLxD)
+            h, _ = self.eagle_layer(params, f_BxLxD[:, :S], tokens_BxL[:, 1:S + 1],
+                                    positions_BxS, cache)
+            total, count = ce(h, tokens_BxL[:, 2:], mask_BxL[:, 2:], 1.0)
+            m = mask_BxL[:, 1:S + 1]
+            want = f_BxLxD[:, 1:S + 1]
+            scale = jnp.sqrt(jnp.mean(want * want, axis=-1, keepdims=True) + 1e-6)
+            d = jnp.abs(h - want) / scale
+            reg = jnp.where(d < 1, 0.5 * d * d, d - 0.5).mean(-1)
+            total = total + reg_weight * jnp.sum(jnp.where(m, reg, 0)) / jnp.maximum(
+                jnp.sum(m), 1)
+        return total, count
+
+
+def head_params(kind: str, config: ModelConfig, depth: int, key, target_params=None) -> dict:
+    """Freshly initialised trained weights of a `kind` head. EAGLE's decoder layer starts from
+    the target's last layer when `target_params` is given, else random."""
+    D = config.hidden_size
+    k1, k2 = jax.random.split(key)
+    if kind == "medusa":  # zero: each head starts as the target's own head on f_p
+        return {"w": jnp.zeros((depth, D, D), jnp.float32)}
+    if kind == "hydra":
+        w = jax.random.normal(k1, (depth, 2 * D, D), jnp.float32) * (2 * D) ** -0.5
+        return {"w": w, "norm": jnp.ones((depth, D), jnp.float32)}
+    if kind == "eagle":
+        one = dataclasses.replace(config, num_layers=1, layer_types=(), head_vocab_size=None)
+        layer = (jax.tree.map(lambda x: jnp.asarray(x, jnp.float32),
+                              target_params["layers"][-1]) if target_params is not None
+                 else init_params(one, k2)["layers"][0])
+        fc = jax.random.normal(k1, (2 * D, D), jnp.float32) * (2 * D) ** -0.5
+        return {"fc": fc, "layer": layer}
+    raise UserError(f"unknown hidden-state drafter kind {kind!r}; use one of {KINDS}")
+
+
+def shared_params(target_params, vocab_ids) -> dict:
+    """The target's arrays a head reads: embedding, final norm and the head rows at vocab_ids."""
+    ids = jnp.asarray(vocab_ids, jnp.int32)
+    head = target_params.get("lm_head")
+    head_KxD = head[:, ids].T if head is not None else target_params["embed"][ids]
+    return {"embed": target_params["embed"], "final_norm": target_params["final_norm"],
+            "head_KxD": head_KxD}
+
+
+def hidden_drafter(target, kind: str, head, vocab_ids=None, depth: int = 4,
+                   tuned_gamma: int | None = None, name: str = "") -> Drafter:
+    """A hidden-state drafter of `kind` over `target` (a jaxspec Model) with trained weights
+    `head` (from `head_params` or a checkpoint); `vocab_ids` [K] are the token ids its head
+    proposes (default: the whole vocabulary)."""
+    if kind not in KINDS:
+        raise UserError(f"unknown hidden-state drafter kind {kind!r}; use one of {KINDS}")
+    vocab_ids = (np.arange(target.config.vocab_size) if vocab_ids is None
+                 else np.asarray(vocab_ids))
+    dtype = target.params["embed"].dtype  # weights in the target's precision
+    head = jax.tree.map(lambda x: jnp.asarray(x, dtype), head)
+    params = {"shared": shared_params(target.params, vocab_ids), "head": head,
+              "vocab_ids": jnp.asarray(vocab_ids, jnp.int32)}
+    spec = HiddenSpec(kind, target.config, depth, tuned_gamma)
+    spec.validate(params, target)
+    return Drafter(params, spec, name or kind)

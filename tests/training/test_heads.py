@@ -1,0 +1,351 @@
+"""Hidden-state drafter heads (medusa, hydra, eagle): rows and cached target features, loss
+falling on self-distilled text, teacher-forced agreement equal to acceptance in decoding, exact
+resume after SIGKILL, 8 simulated devices, and the recipe end to end."""
+
+import functools
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec.checkpoints import heads as ckpt_heads
+from jaxspec.config import load_yaml
+from jaxspec.decoding import hidden
+from jaxspec.errors import UserError
+from jaxspec.models.cache import init_cache
+from jaxspec.models.transformer import forward
+from jaxspec.training import drafter_init, heads, recipe, sharding, trainer
+from jaxspec.training.data import Batches
+
+CONFIGS = Path(__file__).parents[2] / "configs"
+
+PROMPT, NEW = 4, 28  # self-distilled rows: a 4-token prompt and 28 greedy tokens
+TRAIN, EVAL = 240, 16  # self-distilled rows to train on, prompts to decode
+DEPTH, HEAD_VOCAB, STEPS = 3, 48, 150
+
+
+@pytest.fixture(scope="module")
+def worker(helper):
+    return helper("_heads_worker")
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _full_features(params, config, tokens_BxN):
+    """The target's last-layer hidden states (float32) from one full forward."""
+    B, N = tokens_BxN.shape
+    return forward(params, config, tokens_BxN, jnp.broadcast_to(jnp.arange(N), (B, N)),
+                   init_cache(config, B, N), features=True)[2]
+
+
+@pytest.fixture(scope="module")
+def selfgen(worker, tmp_path_factory):
+    """A one-layer random target (std 0.4: greedy text that varies, and that a head can learn
+    to predict about a third of the time), its greedy continuations of 256 random prompts
+    (240 train rows, 16 to decode), its cached features of the train rows, and a 48-id head
+    vocabulary."""
+    config = worker.TINY.replace(num_layers=1)
+    target = jaxspec.Model(config, worker.np_init(config, 0, std=0.4), None, "tiny1")
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(3, 64, PROMPT).tolist() for _ in range(TRAIN + EVAL)]
+    out = jaxspec.generate(target, prompts, max_new_tokens=NEW)
+    examples = [(p + t, [0] * PROMPT + [1] * NEW) for p, t in zip(prompts, out.token_ids)]
+    tokens, mask = heads.example_rows(examples[:TRAIN], PROMPT + NEW - 1, 0)
+    assert mask.sum() == TRAIN * NEW  # no early stop: every row is whole
+    feats = heads.target_features(target, tokens, tmp_path_factory.mktemp("features"))
+    vocab_ids = drafter_init.frequent_vocab(out.token_ids[:TRAIN], HEAD_VOCAB, 64)
+    return dict(target=target, prompts=prompts[TRAIN:], greedy=out.token_ids[TRAIN:],
+                tokens=tokens, mask=mask, feats=feats, vocab_ids=vocab_ids)
+
+
+@pytest.fixture(scope="module")
+def trained(selfgen, tmp_path_factory):
+    """trained(kind) -> (head params, workdir): 150 steps on the self-distilled rows."""
+    done = {}
+
+    def train(kind):
+        if kind not in done:
+            t = selfgen["target"]
+            V, ids = t.config.vocab_size, selfgen["vocab_ids"]
+            spec = hidden.HiddenSpec(kind, t.config, DEPTH)
+            head = jax.device_get(hidden.head_params(kind, t.config, DEPTH, jax.random.key(0),
+                                                     t.params))
+            s = trainer.TrainSettings(steps=STEPS, batch_size=8, seq_len=PROMPT + NEW - 1,
+                                      lr=2e-2, warmup_steps=2, log_every=1, save_every=1000,
+                                      mesh=(1, 1, 1))
+            mesh = sharding.make_mesh(1, 1, 1)
+            workdir = tmp_path_factory.mktemp(kind)
+            out = trainer.train(
+                s, t.config, head,
+                Batches(selfgen["tokens"], selfgen["mask"], 8, 0, features=selfgen["feats"]),
+                workdir, mesh=mesh, loss=heads.head_loss(spec, trainer.head_index(ids, V)),
+                frozen=hidden.shared_params(t.params, ids),
+                param_shardings=jax.tree.map(lambda _: sharding.replicated(mesh), head))
+            done[kind] = trainer.host_params(out), workdir
+        return done[kind]
+
+    return train
+
+
+# ------------------------------------------------------------------------ rows and features
+
+def test_example_rows_keep_one_example_per_row():
+    examples = [([5, 6, 7, 8, 9, 10], [0, 0, 1, 1, 1, 1]),  # long: its last 4 tokens
+                ([11, 12], [0, 1]),  # short: padded, mask 0
+                ([20, 21, 22, 23], [0, 1, 1, 0])]  # exactly one row
+    tokens, mask = heads.example_rows(examples, seq_len=3, pad_id=99)
+    np.testing.assert_array_equal(tokens, [[7, 8, 9, 10], [11, 12, 99, 99], [20, 21, 22, 23]])
+    np.testing.assert_array_equal(mask, [[1, 1, 1, 1], [0, 1, 0, 0], [0, 1, 1, 0]])
+    assert tokens.dtype == mask.dtype == np.int32
+
+
+def test_target_features_are_the_forward_features_cached(worker, tmp_path, monkeypatch):
+    target = worker.tiny_target()
+    tokens, _ = worker.pattern_rows(n=20, length=12, seed=3)
+    monkeypatch.setattr(heads, "_BLOCK", 8)  # 3 blocks: 8, 8, 4 rows
+    feats = heads.target_features(target, tokens, tmp_path, batch_size=16)
+    assert feats.dtype == jnp.bfloat16 and feats.shape == (20, 12, 32)
+    want = np.asarray(_full_features(target.params, target.config, tokens)).astype(jnp.bfloat16)
+    # One bfloat16 rounding of the same float32 values (up to the last bit of float32).
+    np.testing.assert_allclose(feats.astype(np.float32), want.astype(np.float32),
+                               rtol=2 ** -7, atol=1e-6)
+    assert np.mean(feats == want) > 0.99
+    (cached,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+    files = sorted(cached.glob("features-*.npy"))
+    assert len(files) == 3
+    stamps = [f.stat().st_mtime_ns for f in files]
+
+    # A second call reads the blocks: the target never runs.
+    def no_forward(*args, **kw):
+        raise AssertionError("cached features were computed again")
+
+    monkeypatch.setattr(heads, "forward", no_forward)
+    np.testing.assert_array_equal(heads.target_features(target, tokens, tmp_path), feats)
+    assert [f.stat().st_mtime_ns for f in files] == stamps
+    # The same rows of another target are refused, not served.
+    other = jaxspec.Model(target.config, target.params, None, "other")
+    with pytest.raises(UserError, match="another target"):
+        heads.target_features(other, tokens, tmp_path)
+    # A killed run left one block missing: only that block is computed.
+    monkeypatch.undo()
+    monkeypatch.setattr(heads, "_BLOCK", 8)
+    files[1].unlink()
+    np.testing.assert_array_equal(heads.target_features(target, tokens, tmp_path), feats)
+    assert [f.stat().st_mtime_ns for f in (files[0], files[2])] == [stamps[0], stamps[2]]
+    # Other rows are other features, in their own cache.
+    other_rows = tokens[::-1].copy()
+    np.testing.assert_allclose(
+        heads.target_features(target, other_rows, tmp_path).astype(np.float32),
+        feats[::-1].astype(np.float32), rtol=2 ** -7, atol=1e-6)
+    assert len([d for d in tmp_path.iterdir() if d.is_dir()]) == 2
+
+
+# ------------------------------------------------------------------------------- training
+
+@pytest.mark.parametrize("kind", hidden.KINDS)
+def test_loss_falls_on_self_distilled_text(kind, trained):
+    params, workdir = trained(kind)
+    logged = [json.loads(ln) for ln in (workdir / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in logged]
+    assert [r["step"] for r in logged] == list(range(1, STEPS + 1))
+    assert all(np.isfinite(losses)) and all(r["targets"] > 0 for r in logged)
+    # Well below batch noise (medusa, whose deeper heads learn least, ends near 0.8x).
+    assert losses[-1] < 0.85 * losses[0], losses
+    assert np.mean(losses[-10:]) < 0.85 * np.mean(losses[:10]), losses
+
+
+def _teacher_forced(drafter, feats_BxNxD, tokens_BxN, depth):
+    """(drafts, margins): drafts[k][b, p] is head/stage k's top-1 token for position p + 2 + k,
+    from the target's full-forward features and the true tokens (the per-position functions
+    training uses); margins[k][b, p] the gap between its two highest logits."""
+    logits = [np.asarray(lg) for lg in _forced_logits(drafter, feats_BxNxD, tokens_BxN, depth)]
+    ids = np.asarray(drafter.params["vocab_ids"])
+    top2 = [np.sort(lg, -1)[..., -2:] for lg in logits]
+    return [ids[lg.argmax(-1)] for lg in logits], [t[..., 1] - t[..., 0] for t in top2]
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _forced_logits(drafter, feats_BxNxD, tokens_BxN, depth):
+    spec, params = drafter.spec, drafter.params
+    B, N, _ = feats_BxNxD.shape
+    S = N - 2
+    normed = hidden._feature(params["shared"], spec.config, feats_BxNxD)  # what heads read
+    if spec.kind == "eagle":
+        positions_BxS = jnp.broadcast_to(jnp.arange(S), (B, S))
+        h, _ = spec.eagle_layer(params, normed[:, :S], tokens_BxN[:, 1:S + 1],
+                                positions_BxS, init_cache(spec.config, B, S, num_layers=1))
+        outs = [h]
+    elif spec.kind == "hydra":
+        s, outs = normed[:, :S], []
+        for k in range(depth):
+            s = spec.hydra_stage(params, k, s[:, :S - k], tokens_BxN[:, 1 + k:1 + S])
+            outs.append(s)
+    else:  # medusa heads norm the raw feature themselves
+        outs = [spec.medusa_head(params, k, feats_BxNxD[:, :S - k]) for k in range(depth)]
+    return [hidden._logits(params["shared"], o) for o in outs]
+
+
+_TIE = 1e-3  # logit margin under which incremental and full-forward float noise may flip a draft
+
+
+def _replay(drafts, margins, row, prompt_len, gains, gamma):
+    """(gain, near_tie) of each greedy verification step along the run's own positions: the
+    drafts of the step at length L are drafts[k][L - 2]; they are accepted while they equal the
+    target's greedy tokens `row`; the gain is capped by the budget (the end of `row`)."""
+    out, L = [], prompt_len
+    for actual in gains:
+        n, tie = 0, False
+        while n < gamma and L + n < len(row):
+            tie |= margins[n][L - 2] < _TIE
+            if drafts[n][L - 2] != row[L + n]:
+                break
+            n += 1
+        out.append((min(n + 1, len(row) - L), tie))
+        L += actual
+    assert L == len(row)
+    return out
+
+
+@pytest.mark.parametrize("kind,gamma", [("eagle", 1), ("hydra", 3), ("medusa", 3)])
+def test_teacher_forced_agreement_is_the_acceptance(kind, gamma, selfgen, trained):
+    """Greedy decoding accepts a draft exactly when the head, teacher-forced on the target's
+    own features and tokens, predicts the target's next token: drafting and training must see
+    the same inputs at the same positions (eagle's later drafts read its own features, so only
+    its first draft is teacher-forced)."""
+    target, prompts, greedy = selfgen["target"], selfgen["prompts"], selfgen["greedy"]
+    head, _ = trained(kind)
+    drafter = hidden.hidden_drafter(target, kind, head, selfgen["vocab_ids"], DEPTH)
+    res = jaxspec.speculative_generate(target, drafter, prompts, gamma=gamma,
+                                       max_new_tokens=NEW)
+    assert res.token_ids == greedy
+    rows = np.array([p + g for p, g in zip(prompts, greedy)], np.int32)
+    feats = _full_features(target.params, target.config, rows)
+    drafts, margins = _teacher_forced(drafter, feats, jnp.asarray(rows), gamma)
+    forced, ties = [], 0
+    for b in range(len(rows)):
+        actual = res.accept_lengths[b]
+        got = _replay([d[b] for d in drafts], [m[b] for m in margins], rows[b], PROMPT, actual,
+                      gamma)
+        # Every step agrees, but for a near tie between a head's two best tokens.
+        bad = [(i, g, a) for i, ((g, tie), a) in enumerate(zip(got, actual)) if g != a]
+        assert all(got[i][1] for i, _, _ in bad), (b, bad)
+        ties += len(bad)
+        forced += [g for g, _ in got]
+    assert ties <= 1
+    drafted = gamma * len(forced)
+    agreement = sum(g - 1 for g in forced) / drafted  # teacher-forced, on the run's positions
+    assert abs(agreement - res.acceptance_rate) <= ties * gamma / drafted + 1e-9
+    # A trained head: the comparison sees many accepted first drafts and, with gamma 3,
+    # accepted second drafts (so later heads/stages are compared too), not only misses.
+    gains = np.bincount(forced, minlength=gamma + 2)
+    assert gains[2:].sum() >= 30 and (gamma == 1 or gains[3:].sum() >= 10), gains
+
+
+# -------------------------------------------------------------------- resume and sharding
+
+def test_killed_head_training_resumes_to_the_same_params(tmp_path, procs):
+    """An eagle head (nested params: fc and a decoder layer), its features cached on disk."""
+    steps = ["--steps", 8, "--save-every", 2, "--compile-cache", tmp_path / "xla"]
+    workdir = tmp_path / "killed" / "1x1x1"
+    uninterrupted = procs.start("_heads_worker", tmp_path / "uninterrupted", *steps)
+    proc = procs.start("_heads_worker", tmp_path / "killed", *steps, "--step-sleep", 0.5)
+    saved = lambda: [p for p in (workdir / "checkpoints").glob("*") if p.name.isdigit()]  # noqa
+    procs.kill_when(proc, lambda: (workdir / "checkpoints").is_dir() and saved())
+    killed_at = max(int(p.name) for p in saved())
+    assert killed_at < 8 and not (tmp_path / "killed" / "1x1x1.npz").exists()
+    logged = len((workdir / "metrics.jsonl").read_text().splitlines())
+    procs.finish(procs.start("_heads_worker", tmp_path / "killed", *steps))
+    resumed = [json.loads(ln) for ln in
+               (workdir / "metrics.jsonl").read_text().splitlines()[logged:]]
+    assert resumed[0]["step"] == killed_at + 1 and resumed[-1]["step"] == 8
+    procs.finish(uninterrupted)
+    want = np.load(tmp_path / "uninterrupted" / "1x1x1.npz")
+    got = np.load(tmp_path / "killed" / "1x1x1.npz")
+    assert sorted(got.files) == sorted(want.files) and "['layer']['wq']" in want.files
+    for name in want.files:
+        if name != "losses":
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_8_devices_train_the_head_of_one_device(tmp_path, procs, worker):
+    """A hydra head (the resume test trains eagle): rows and their features split over
+    data x fsdp = 4, replicated over tensor = 2; the head and the target's shared arrays
+    replicated everywhere."""
+    proc = procs.start("_heads_worker", tmp_path, "--kind", "hydra", "--mesh", "2,2,2",
+                       devices=8)
+    reference = worker.run(tmp_path / "reference", "hydra")  # computed while the worker runs
+    procs.finish(proc)
+    assert len(reference["losses"]) == 3 and reference["losses"][-1] < reference["losses"][0]
+    out = np.load(tmp_path / "2x2x2.npz")
+    np.testing.assert_allclose(out["losses"], reference["losses"], rtol=1e-5)
+    assert sorted(out.files) == sorted([*reference["params"], "losses"])
+    for name, value in reference["params"].items():
+        assert not np.array_equal(value, worker.initial_head("hydra")[name]), name  # trained
+        np.testing.assert_allclose(out[name], value, atol=2e-5, err_msg=name)
+
+
+def test_a_head_loss_refuses_teacher_losses(tmp_path, worker):
+    """A given `loss` reads the frozen arrays: settings asking for kl/tvdpp (whose teacher
+    params would reach it instead) are refused."""
+    target, tokens, mask = worker.tiny_target(), *worker.pattern_rows()
+    spec = hidden.HiddenSpec("hydra", target.config, worker.DEPTH)
+    with pytest.raises(ValueError, match="set loss to 'ce'"):
+        trainer.train(worker.settings(loss="kl"), target.config, {}, Batches(tokens, mask, 16),
+                      tmp_path, teacher=target, loss=heads.head_loss(spec, np.arange(64)),
+                      frozen=hidden.shared_params(target.params, np.arange(64)))
+
+
+# ------------------------------------------------------------------------------ recipe
+
+def _eagle_config(tmp_path, *overrides):
+    cfg = load_yaml(CONFIGS / "tiny.yaml", [f"distill.out_dir={tmp_path / 'distill'}",
+                                            f"train.workdir={tmp_path / 'train'}", *overrides])
+    cfg["drafter"] = {"kind": "eagle", "head_vocab_size": 128, "gamma": 3}
+    return cfg
+
+
+def test_tiny_eagle_recipe_end_to_end(tmp_path):
+    # The head's loss is its own (cross-entropy + feature regression): a teacher loss is refused
+    # before anything runs.
+    with pytest.raises(UserError, match="finetune.*loss"):
+        recipe.check_config(_eagle_config(tmp_path))
+    cfg = _eagle_config(tmp_path, "train.finetune.loss=ce", "distill.temperatures=[0.0]")
+    recipe.run_distill(cfg)
+    taus = []
+
+    def spy(target, drafter, prompts, **kw):
+        taus.append(jaxspec.speculative_generate(target, drafter, prompts, **kw))
+        return taus[-1]
+
+    path = recipe.run_train(cfg, speculative_fn=spy)
+    assert path == tmp_path / "train" / "drafter"
+    for stage in ("pretrain", "finetune"):
+        logged = [json.loads(ln) for ln in
+                  (tmp_path / "train" / stage / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in logged if "loss" in r] == [1, 2]
+        assert [r["tau"] for r in logged if "tau" in r] == [pytest.approx(taus.pop(0).tau)]
+    target = recipe.load_target(cfg["target"])
+    heads_ = {}
+    for name, stage in (("drafter", "finetune"), ("drafter-generic", "pretrain")):
+        meta = ckpt_heads.read_meta(tmp_path / "train" / name)
+        assert (meta["kind"], meta["tuned_gamma"], meta["stage"]) == ("eagle", 3, stage)
+        assert len(meta["vocab_ids"]) == 128 and 2 in meta["vocab_ids"]  # EOS always in
+        heads_[name] = jaxspec.load_drafter(tmp_path / "train" / name, target=target)
+        assert heads_[name].spec.kind == "eagle"
+    # Each stage trained the head (one step at lr 1e-3 after warmup moves most weights by more
+    # than a bfloat16 rounding): the generic one from the initial head, the final one from the
+    # generic one.
+    init = hidden.head_params("eagle", target.config, 4, jax.random.key(0), target.params)
+    fc = [np.asarray(init["fc"]).astype(jnp.bfloat16).astype(np.float32)] + [
+        np.asarray(heads_[n].params["head"]["fc"]) for n in ("drafter-generic", "drafter")]
+    assert np.mean(fc[1] != fc[0]) > 0.5 and np.mean(fc[2] != fc[1]) > 0.5
+    prompts = ["Hallo Welt", "Guten Morgen, wie geht es dir?"]
+    greedy = jaxspec.generate(target, prompts, max_new_tokens=12)
+    spec = jaxspec.speculative_generate(target, heads_["drafter"], prompts, gamma=3,
+                                        max_new_tokens=12)
+    assert spec.token_ids == greedy.token_ids
+    with pytest.raises(UserError, match="needs its target"):
+        jaxspec.load_drafter(path)
