@@ -55,8 +55,8 @@ def parse_methods(specs: Sequence[str], gammas: Sequence[int | str],
             from jaxspec.loading import REGISTRY
 
             if not Path(arg).exists() and arg not in REGISTRY:
-                raise FileNotFoundError(f"drafter {arg!r} (method {spec}) is neither a path nor "
-                                        f"a registered name")
+                raise FileNotFoundError(f"drafter {arg!r} (method {spec}) does not exist: it "
+                                        f"is neither a path nor a registered name")
         if kind == "layerskip":
             from jaxspec.loading import parse_layers
 
