@@ -26,10 +26,36 @@ def _gamma(text: str):
     return text if text == "auto" else int(text)
 
 
+def _tree(text: str):
+    """Token tree paths: JSON "choices" ("[[0], [1], [0, 0]]"), or widths per depth ("3,2,1":
+    every node at depth d has the d-th width of children)."""
+    from jaxspec.decoding import trees
+
+    if not isinstance(text, str):  # paths from a YAML config
+        return trees.make_tree(text).paths
+    if text.lstrip().startswith("["):
+        return trees.make_tree(json.loads(text)).paths
+    return trees.full_tree([int(w) for w in text.split(",")]).paths
+
+
 def _add_common(p: argparse.ArgumentParser):
     p.add_argument("--config", help="YAML file of options (flags and key=value override it)")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="override any option, e.g. max_new_tokens=32 or train.lr=1e-4")
+
+
+def _mesh(o: dict):
+    """`distributed` (None, "auto" or a mapping) started, then the mesh of `mesh` ("data,fsdp,
+    tensor" or a mapping of those sizes; one may be -1) over every device, or None."""
+    from jaxspec import sharding
+
+    sharding.init_distributed(o.get("distributed"))
+    m = o.get("mesh")
+    if not m:
+        return None
+    if isinstance(m, dict):
+        return sharding.make_mesh(m.get("data", -1), m.get("fsdp", 1), m.get("tensor", 1))
+    return sharding.make_mesh(*(int(x) for x in str(m).split(",")))
 
 
 def cmd_generate(args):
@@ -40,7 +66,7 @@ def cmd_generate(args):
                         "dtype": "float32"})
     if not o.get("prompt"):
         raise SystemExit("jaxspec generate: give --prompt")
-    model = jaxspec.load(o["model"], dtype=o["dtype"])
+    model = jaxspec.load(o["model"], dtype=o["dtype"], mesh=_mesh(o))
     kw = dict(max_new_tokens=o["max_new_tokens"], temperature=o["temperature"],
               top_k=o.get("top_k"), top_p=o.get("top_p"), seed=o["seed"], stop=o.get("stop"),
               chat=o["chat"])
@@ -48,7 +74,9 @@ def cmd_generate(args):
         from jaxspec.loading import parse_drafter
 
         d = parse_drafter(o["drafter"], model)
-        r = jaxspec.speculative_generate(model, d, o["prompt"], gamma=o["gamma"], **kw)
+        tree = _tree(o["tree"]) if o.get("tree") else None
+        r = jaxspec.speculative_generate(model, d, o["prompt"], gamma=None if tree else o["gamma"],
+                                         tree=tree, **kw)
     else:
         r = jaxspec.generate(model, o["prompt"], **kw)
     for text in r.texts:
@@ -69,6 +97,7 @@ def cmd_bench(args):
         raise SystemExit("jaxspec bench: give --questions (a Spec-Bench question.jsonl)")
     runs = o.get("runs") or [{k: o[k] for k in ("target", "methods", "template", "chat", "stop")
                               if k in o}]
+    mesh = _mesh(o)
     results = {}
     for run in runs:
         run = {**{k: v for k, v in o.items() if k != "runs"}, **run}
@@ -76,13 +105,14 @@ def cmd_bench(args):
             raise SystemExit("jaxspec bench: each run needs a target and methods")
         if "ar" not in run["methods"]:
             run["methods"] = ["ar", *run["methods"]]
-        methods = specbench.parse_methods(run["methods"], run["gammas"], run["temperatures"])
+        methods = specbench.parse_methods(run["methods"], run["gammas"], run["temperatures"],
+                                          _tree(run["tree"]) if run.get("tree") else None)
         out = Path(run["out_dir"]) / (run.get("name") or f"{Path(run['target']).name}-{run['dtype']}")
         files = specbench.run_bench(
             run["target"], run["questions"], methods, str(out),
             max_new_tokens=run["max_new_tokens"], template=run.get("template") or "{prompt}",
             chat=bool(run.get("chat")), stop=run.get("stop"), limit=run["limit"],
-            seed=run["seed"], dtype=run["dtype"])
+            seed=run["seed"], dtype=run["dtype"], mesh=mesh)
         baseline = next(m.name for m in methods if m.kind == "ar" and m.temperature ==
                         run["temperatures"][0])
         refs = read_references(run["references"]) if run.get("references") else None
@@ -149,20 +179,48 @@ def cmd_profile(args):
 def cmd_plan(args):
     import jaxspec
     from jaxspec.decoding.profile import plan_drafter
-    from jaxspec.bench.questions import read_questions
     from jaxspec.loading import parse_drafter
 
     o = _options(args, {"model": "gemma3-270m", "dtype": "float32", "gamma_max": 8,
                         "max_new_tokens": 64, "limit": 10, "template": "{prompt}"})
     if not o.get("drafter") or not (o.get("prompt") or o.get("questions")):
         raise SystemExit("jaxspec plan: give --drafter and --prompt or --questions")
-    prompts = o.get("prompt") or [q["turns"][0] for q in read_questions(o["questions"])]
-    prompts = [o["template"].format(prompt=p) for p in prompts[:o["limit"]]]
+    prompts = _prompts(o)
     model = jaxspec.load(o["model"], dtype=o["dtype"])
     p = plan_drafter(model, o["model"], parse_drafter(o["drafter"], model), o["drafter"],
                      prompts, o["gamma_max"], o["max_new_tokens"], chat=bool(o.get("chat")),
                      stop=o.get("stop"))
     print(p.describe())
+
+
+def cmd_tune_layer_skip(args):
+    import jaxspec
+    from jaxspec.decoding import skip_search
+
+    o = _options(args, {"model": "gemma3-270m", "dtype": "float32", "gamma_max": 4,
+                        "max_new_tokens": 64, "limit": 8, "template": "{prompt}", "max_skip": None,
+                        "out": "configs/bench/layer_skip.yaml"})
+    if not (o.get("prompt") or o.get("questions")):
+        raise SystemExit("jaxspec tune-layer-skip: give --prompt or --questions")
+    prompts = _prompts(o)
+    kw = dict(chat=bool(o.get("chat")), stop=o.get("stop"))
+    model = jaxspec.load(o["model"], dtype=o["dtype"])
+    tokens_BxL, weight_BxL = skip_search.greedy_texts(model, prompts, o["max_new_tokens"], **kw)
+    found = skip_search.search(skip_search.agreement_fn(model, tokens_BxL, weight_BxL),
+                               model.config.num_layers,
+                               *skip_search.measured_costs(model, o["model"]),
+                               gamma_max=o["gamma_max"], max_skip=o["max_skip"])
+    print(found.describe())
+    best = found.best
+    measured = skip_search.measure(model, best.skip, best.gamma, prompts, o["max_new_tokens"],
+                                   **kw)
+    print(f"measured: {measured[0]:.3f}x over plain decoding, tau {measured[1]:.3f}")
+    run = {k: o[k] for k in ("questions", "template", "stop", "chat", "max_new_tokens", "limit",
+                             "dtype") if o.get(k) is not None}
+    out = Path(o["out"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(skip_search.bench_config(found, measured, {"target": o["model"], **run}))
+    print(f"wrote {out}")
 
 
 def cmd_distill(args):
@@ -177,6 +235,28 @@ def cmd_train(args):
     recipe.run_train(_options(args, {}))
 
 
+def _add_prompts(p: argparse.ArgumentParser, limit: int, gamma_max: int):
+    """The target and the prompts a measurement decodes."""
+    p.add_argument("--model", help="target (default gemma3-270m)")
+    p.add_argument("--prompt", action="append", help="a prompt to measure on")
+    p.add_argument("--questions", help="or a Spec-Bench question.jsonl")
+    p.add_argument("--limit", type=int, help=f"prompts used (default {limit})")
+    p.add_argument("--template", help="prompt template with {prompt}")
+    p.add_argument("--gamma-max", dest="gamma_max", type=int,
+                   help=f"largest gamma (default {gamma_max})")
+    p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
+    p.add_argument("--stop", help="stop token (single-token string)")
+    p.add_argument("--chat", action="store_true", default=None, help="apply the chat template")
+
+
+def _prompts(o: dict) -> list[str]:
+    """The prompts of --prompt or --questions, templated, at most --limit."""
+    from jaxspec.bench.questions import read_questions
+
+    prompts = o.get("prompt") or [q["turns"][0] for q in read_questions(o["questions"])]
+    return [o["template"].format(prompt=p) for p in prompts[:o["limit"]]]
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jaxspec", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -186,6 +266,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
     g.add_argument("--drafter", help="ngram[:N], layerskip:LAYERS, or a drafter path")
     g.add_argument("--gamma", type=_gamma, help="draft length, or auto (default 4)")
+    g.add_argument("--tree", help="draft a token tree instead: JSON paths [[0],[1],[0,0]] or "
+                                  "widths per depth 3,2,1")
     g.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     g.add_argument("--temperature", type=float, help="0 is greedy (default)")
     g.add_argument("--top-k", dest="top_k", type=int)
@@ -201,6 +283,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--methods", nargs="+", help="ar ngram[:N] layerskip:L drafter:PATH hf "
                                                 "hf-assisted:PATH")
     b.add_argument("--gammas", nargs="+", type=_gamma, help="draft lengths or auto (default 4)")
+    b.add_argument("--tree", help="also run each speculative method with this token tree (JSON "
+                                  "paths or widths per depth 3,2,1)")
     b.add_argument("--temperatures", nargs="+", type=float, help="default 0 (greedy)")
     b.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     b.add_argument("--template", help="prompt template with {prompt}")
@@ -241,19 +325,22 @@ def parser() -> argparse.ArgumentParser:
     f.set_defaults(func=cmd_profile)
 
     n = sub.add_parser("plan", help="expected speedup of each gamma for a drafter (cost model)")
-    n.add_argument("--model", help="target (default gemma3-270m)")
+    _add_prompts(n, limit=10, gamma_max=8)
     n.add_argument("--drafter", help="ngram[:N], layerskip:LAYERS, or a drafter name or path")
-    n.add_argument("--prompt", action="append", help="a prompt to measure acceptance on")
-    n.add_argument("--questions", help="or a Spec-Bench question.jsonl")
-    n.add_argument("--limit", type=int, help="prompts used (default 10)")
-    n.add_argument("--template", help="prompt template with {prompt}")
-    n.add_argument("--gamma-max", dest="gamma_max", type=int, help="largest gamma (default 8)")
-    n.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
-    n.add_argument("--stop", help="stop token (single-token string)")
-    n.add_argument("--chat", action="store_true", default=None, help="apply the chat template")
     n.set_defaults(func=cmd_plan)
 
-    for s in (g, b, d, f, n):
+    t = sub.add_parser("tune-layer-skip", help="search the layers a self-speculative drafter "
+                                               "skips; write a bench config")
+    _add_prompts(t, limit=8, gamma_max=4)
+    t.add_argument("--max-skip", dest="max_skip", type=int,
+                   help="most layers skipped (default: all but one)")
+    t.add_argument("--out", help="bench config written (default configs/bench/layer_skip.yaml)")
+    t.set_defaults(func=cmd_tune_layer_skip)
+
+    for s in (g, b):
+        s.add_argument("--mesh", help="data,fsdp,tensor device mesh, e.g. 1,1,8 (one size may "
+                                      "be -1); params, caches and rows are split over it")
+    for s in (g, b, d, f, n, t):
         s.add_argument("--dtype", choices=("float32", "bfloat16"),
                        help="weight precision (activations stay float32)")
 

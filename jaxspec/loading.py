@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.util
+import json
 import os
 import sys
 import time
@@ -15,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec import sharding
 from jaxspec.checkpoints import gguf, heads, hf, store
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.drafters import Drafter, layer_skip_drafter, model_drafter, ngram_drafter
@@ -27,12 +29,19 @@ from jaxspec.models.transformer import forward
 
 @dataclasses.dataclass
 class Model:
-    """A loaded model: frozen config, param pytree, and tokenizer (None for bare random models)."""
+    """A loaded model: frozen config, param pytree, and tokenizer (None for bare random models);
+    `mesh` and `rules` when its params are split over devices (`load(..., mesh=)`, `shard`)."""
 
     config: ModelConfig
     params: dict
     tokenizer: Any = None
     name: str = ""
+    mesh: Any = None
+    rules: Any = None
+
+    def __post_init__(self):
+        if self.mesh is not None and self.rules is None:
+            self.rules = sharding.RULES
 
 
 def _smollm2_path() -> Path:
@@ -108,17 +117,19 @@ def _progress(desc: str):
     return update
 
 
-def _convert_gguf(path: Path, cache: bool):
-    """GGUF -> (config, params, tokenizer), through an on-disk jaxspec checkpoint cache."""
+def _convert_gguf(path: Path, cache: bool, shardings=None, place=None):
+    """GGUF -> (config, params, tokenizer), through an on-disk jaxspec checkpoint cache;
+    `shardings` and `place` put the params onto a mesh (see `load`)."""
     target = _cache_dir(path)
     if cache and store.is_checkpoint(target):
-        config, params, _ = store.restore(target)
+        config, params, _ = store.restore(target, shardings=shardings)
         tokenizer = store.load_tokenizer(target)
         if tokenizer is not None:
             return config, params, tokenizer
     t0 = time.perf_counter()
     # (Opening a GGUFReader parses the whole vocabulary: open it once, in load_gguf.)
-    config, params = gguf.load_gguf(path, progress=_progress(f"converting {path.name}"))
+    config, params = gguf.load_gguf(path, progress=_progress(f"converting {path.name}"),
+                                    place=place)
     tokenizer = gguf.load_gguf_tokenizer(path)
     if cache:
         store.save(target, params, config, tokenizer, extra={"source": str(path)})
@@ -133,13 +144,30 @@ def resolve(name_or_path: str | os.PathLike) -> Path:
     return REGISTRY[name]() if name in REGISTRY else Path(name).expanduser()
 
 
-def load(name_or_path: str | os.PathLike, dtype=jnp.float32, cache: bool = True) -> Model:
+def _placer(shardings: dict, dtype):
+    """`place(path, array)`: the host array cast to `dtype` and put onto its sharding (each
+    device receives only its shard)."""
+    def place(path, w):
+        s = shardings
+        for k in path:
+            s = s[k]
+        return sharding.global_array(np.asarray(w, jnp.dtype(dtype)), s)
+    return place
+
+
+def load(name_or_path: str | os.PathLike, dtype=jnp.float32, cache: bool = True, mesh=None,
+         rules=None) -> Model:
     """Load a registered model name, a `.gguf` file, a Hugging Face directory, or a jaxspec
     checkpoint directory. Converted GGUF files are cached under `$JAXSPEC_CACHE` (default
     ~/.cache/jaxspec) and reused.
 
     `dtype` is the weights' precision: float32 (exact, the default) or bfloat16 (half the bytes
-    per step; products accumulate in float32 and activations stay float32)."""
+    per step; products accumulate in float32 and activations stay float32).
+
+    With a `mesh` (`jaxspec.sharding.make_mesh`), params go straight onto it, split by `rules`
+    (default `jaxspec.sharding.RULES`): a checkpoint is restored onto the target shardings by
+    orbax, and a converted model is put one param at a time as each is converted, never whole
+    on one device. Decoding then runs over the mesh."""
     if str(dtype) not in ("float32", "bfloat16") and dtype not in (jnp.float32, jnp.bfloat16):
         raise UserError(f"dtype must be float32 or bfloat16, got {dtype}")
     name = str(name_or_path)
@@ -147,27 +175,57 @@ def load(name_or_path: str | os.PathLike, dtype=jnp.float32, cache: bool = True)
     if not path.exists():
         raise FileNotFoundError(
             f"{name!r} is neither a registered model ({', '.join(REGISTRY)}) nor an existing path")
+    rules = sharding.RULES if mesh is not None and rules is None else rules
+    shardings = place = None
+    if mesh is not None:
+        shardings = lambda config: sharding.param_shardings(config, mesh, rules)  # noqa: E731
+        place = lambda config: _placer(shardings(config), dtype)  # noqa: E731
     if path.is_file():
         if path.suffix != ".gguf":
             raise UserError(f"{path}: jaxspec loads .gguf files, HF directories and jaxspec "
                             f"checkpoint directories")
-        config, params, tokenizer = _convert_gguf(path, cache)
+        config, params, tokenizer = _convert_gguf(path, cache, shardings, place)
     elif store.is_checkpoint(path):
-        config, params, meta = store.restore(path)
+        config, params, meta = store.restore(path, shardings=shardings)
         tokenizer = store.load_tokenizer(path)
         if meta.get("embed_from"):  # a drafter sharing its target's frozen embedding
-            params["embed"] = load(meta["embed_from"], dtype).params["embed"]
+            params["embed"] = load(meta["embed_from"], dtype, mesh=mesh,
+                                   rules=rules).params["embed"]
             check_params(params, config)
     elif (path / "config.json").exists():
         from transformers import AutoTokenizer
 
-        config, params = hf.load_hf_dir(path, progress=_progress(f"loading {path.name}"))
+        config, params = hf.load_hf_dir(path, progress=_progress(f"loading {path.name}"),
+                                        place=place)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
     else:
         raise UserError(f"{path} has neither config.json (Hugging Face) nor {store.MARKER} "
                         f"(jaxspec checkpoint)")
     params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
-    return Model(config, params, tokenizer, name)
+    return Model(config, params, tokenizer, name, mesh, rules)
+
+
+def shard(model: Model, mesh, rules=None) -> Model:
+    """`model` with its params split over `mesh` by `rules` (default `sharding.RULES`), as
+    `load(..., mesh=)` places them."""
+    rules = sharding.RULES if rules is None else rules
+    shardings = sharding.param_shardings(model.config, mesh, rules)
+    params = jax.tree.map(lambda x, s: sharding.global_array(np.asarray(x), s), model.params,
+                          shardings)
+    return dataclasses.replace(model, params=params, mesh=mesh, rules=rules)
+
+
+def config_of(name_or_path: str | os.PathLike) -> ModelConfig:
+    """A model's config without reading its weights (a GGUF file's metadata, config.json, or
+    a jaxspec checkpoint's jaxspec.json)."""
+    path = resolve(name_or_path)
+    if path.is_file():
+        return gguf.config_from_gguf(gguf._open(path))
+    if store.is_checkpoint(path):
+        return ModelConfig.from_dict(store.read_meta(path)["config"])
+    if (path / "config.json").exists():
+        return hf.config_from_hf(json.loads((path / "config.json").read_text()))
+    raise FileNotFoundError(f"{name_or_path!r}: no model config found at {path}")
 
 
 def load_drafter(name_or_path: str | os.PathLike, dtype=jnp.float32,

@@ -27,6 +27,12 @@
 # Example:
 #   launch/tpu_pod.sh --name my-v5e-32 --zone us-west4-a --config configs/deen_gemma3.yaml \
 #     train.workdir=/mnt/shared/deen/train distill.out_dir=/mnt/shared/deen/distill
+# Decoding over the whole slice (params, KV cache and rows split over a data x fsdp x tensor
+# mesh of every chip; each worker passes the same prompts and prints the same result):
+#   launch/tpu_pod.sh --name my-v5e-8 --zone us-west4-a generate --model /mnt/llama-2-7b-hf \
+#     --dtype bfloat16 --mesh 1,1,8 --drafter layerskip:16-23 --prompt "Hallo, wie geht's?"
+#   launch/tpu_pod.sh --name my-v5e-8 --zone us-west4-a bench --target /mnt/llama-2-7b-hf \
+#     --mesh 1,1,8 --dtype bfloat16 --questions question.jsonl --methods ngram
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }

@@ -12,6 +12,24 @@ else:
     torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _free_executables():
+    """Free compiled executables after each test module. Each XLA:CPU executable keeps a few
+    memory mappings while alive; a whole run compiles thousands, and past the kernel's limit
+    (vm.max_map_count, 65530 here) the next compile crashes the process (seen as a segfault
+    in backend_compile_and_load after ~430 tests)."""
+    yield
+    import gc
+
+    import jax
+
+    from jaxspec.decoding import runner
+
+    runner._DECODER.clear()
+    jax.clear_caches()
+    gc.collect()
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """jaxspec.load("smollm2-135m-instruct"): Llama family, GGUF Q4_1, float32 params."""

@@ -34,16 +34,21 @@ class Method:
     arg: str | None = None
     gamma: int | str = 0  # or "auto"
     temperature: float = 0.0
+    tree: tuple[tuple[int, ...], ...] | None = None  # token tree paths, instead of gamma
 
     @property
     def name(self) -> str:
         arg = "" if self.arg is None else "-" + Path(self.arg).name.replace(",", "_")
         gamma = f"-g{self.gamma}" if self.gamma else ""
+        if self.tree:
+            gamma = f"-tree{len(self.tree)}d{max(map(len, self.tree))}"
         return f"{self.kind}{arg}{gamma}-t{self.temperature:g}"
 
 
 def parse_methods(specs: Sequence[str], gammas: Sequence[int | str],
-                  temperatures: Sequence[float]) -> list[Method]:
+                  temperatures: Sequence[float], tree=None) -> list[Method]:
+    """Methods for every spec and temperature: speculative ones at every gamma and, given a
+    `tree` (paths), with that tree too."""
     out = []
     for spec in specs:
         kind, _, arg = spec.partition(":")
@@ -61,9 +66,13 @@ def parse_methods(specs: Sequence[str], gammas: Sequence[int | str],
             from jaxspec.loading import parse_layers
 
             parse_layers(arg)
+        if tree and kind == "hf-assisted":
+            raise UserError("hf-assisted does not verify token trees")
         for t in temperatures:
             for g in (gammas if kind in SPECULATIVE else [0]):
                 out.append(Method(kind, arg or None, g, float(t)))
+            if tree and kind in SPECULATIVE:
+                out.append(Method(kind, arg or None, 0, float(t), tuple(map(tuple, tree))))
     return out
 
 
@@ -85,7 +94,8 @@ class _JaxRunner:
             r = jaxspec.generate(self.target, [prompt], **kw)
         else:
             r = jaxspec.speculative_generate(self.target, self.drafter, [prompt],
-                                             gamma=self.method.gamma, **kw)
+                                             gamma=self.method.gamma or None,
+                                             tree=self.method.tree, **kw)
         return r.texts[0], len(r.token_ids[0]), r.wall_time_s, r.accept_lengths[0], \
             r.compile_time_s
 
@@ -93,14 +103,15 @@ class _JaxRunner:
 def run_bench(target: str, questions: str, methods: Sequence[Method], out_dir: str, *,
               max_new_tokens: int = 64, template: str = "{prompt}", chat: bool = False,
               stop=None, limit: int | None = None, seed: int = 0,
-              dtype: str = "float32") -> dict[str, Path]:
-    """Answer every question with every method; returns {method name: answer file}."""
+              dtype: str = "float32", mesh=None) -> dict[str, Path]:
+    """Answer every question with every method; returns {method name: answer file}. With a
+    `mesh`, the target is loaded onto it and decodes over it."""
     import jaxspec
 
     qs = read_questions(questions)[:limit]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model = jaxspec.load(target, dtype=dtype)
+    model = jaxspec.load(target, dtype=dtype, mesh=mesh)
     files = {}
     for m in methods:
         path = files[m.name] = out / f"{m.name}.jsonl"

@@ -134,8 +134,9 @@ def config_from_gguf(reader) -> ModelConfig:
     return ModelConfig(arch="llama", **common, qkv_bias="blk.0.attn_q.bias" in tensors)
 
 
-def load_gguf(path: str | os.PathLike, dtype=np.float32, progress=None):
-    """(config, params) from a GGUF file, dequantised to float32 and cast to `dtype`.
+def load_gguf(path: str | os.PathLike, dtype=np.float32, progress=None, place=None):
+    """(config, params) from a GGUF file, dequantised to float32 and cast to `dtype`; `place`
+    as for `hf.load_hf_dir`.
 
     `progress(done, total)` is called as tensors are dequantised.
     """
@@ -164,7 +165,8 @@ def load_gguf(path: str | os.PathLike, dtype=np.float32, progress=None):
         tensors[name] = w
         if progress:
             progress(done, len(reader.tensors))
-    return config, hf.params_from_hf_state(tensors.__getitem__, config, dtype)
+    return config, hf.params_from_hf_state(tensors.__getitem__, config, dtype,
+                                           place=place(config) if place else None)
 
 
 def load_gguf_tokenizer(path: str | os.PathLike):

@@ -83,8 +83,13 @@ def _to_hf(name: str, w: np.ndarray, c: ModelConfig) -> np.ndarray:
     raise KeyError(name)
 
 
-def params_from_hf_state(get, config: ModelConfig, dtype=np.float32, progress=None) -> dict:
-    """Build params from HF-named tensors; `get(name) -> np.ndarray` (KeyError if absent)."""
+def params_from_hf_state(get, config: ModelConfig, dtype=np.float32, progress=None,
+                         place=None) -> dict:
+    """Build params from HF-named tensors; `get(name) -> np.ndarray` (KeyError if absent).
+    `place(path, array)` (e.g. onto a mesh) takes each param as soon as it is converted, path
+    being its keys in the params, e.g. ("layers", 3, "wq")."""
+    put = place or (lambda path, w: w)
+
     def fetch(name):
         try:
             return np.asarray(get(name), dtype=np.float32)
@@ -94,17 +99,19 @@ def params_from_hf_state(get, config: ModelConfig, dtype=np.float32, progress=No
     names = layer_names(config)
     layers = []
     for i in range(config.num_layers):
-        layers.append({ours: _to_jax(ours, fetch(f"model.layers.{i}.{hf}"), config).astype(dtype)
-                       for ours, hf in names.items()})
+        layers.append({ours: put(("layers", i, ours), _to_jax(
+            ours, fetch(f"model.layers.{i}.{hf}"), config).astype(dtype))
+            for ours, hf in names.items()})
         if progress:
             progress(i + 1, config.num_layers)
     params = {
-        "embed": fetch("model.embed_tokens.weight").astype(dtype),
+        "embed": put(("embed",), fetch("model.embed_tokens.weight").astype(dtype)),
         "layers": layers,
-        "final_norm": (fetch("model.norm.weight") + _norm_offset(config)).astype(dtype),
+        "final_norm": put(("final_norm",),
+                          (fetch("model.norm.weight") + _norm_offset(config)).astype(dtype)),
     }
     if not config.tie_embeddings:
-        params["lm_head"] = fetch("lm_head.weight").T.astype(dtype)
+        params["lm_head"] = put(("lm_head",), fetch("lm_head.weight").T.astype(dtype))
     return params
 
 
@@ -245,8 +252,9 @@ def hf_config_from_config(c: ModelConfig) -> dict:
             "final_logit_softcapping": None, "attn_logit_softcapping": None}
 
 
-def load_hf_dir(path: str | os.PathLike, dtype=np.float32, progress=None):
-    """(config, params) from a directory with config.json and *.safetensors (sharded or not)."""
+def load_hf_dir(path: str | os.PathLike, dtype=np.float32, progress=None, place=None):
+    """(config, params) from a directory with config.json and *.safetensors (sharded or not);
+    `place(config)` may give a per-param placer (see `params_from_hf_state`)."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -275,7 +283,8 @@ def load_hf_dir(path: str | os.PathLike, dtype=np.float32, progress=None):
                 return index[full].get_tensor(full)
         raise KeyError(name)
 
-    return config, params_from_hf_state(get, config, dtype, progress)
+    return config, params_from_hf_state(get, config, dtype, progress,
+                                        place(config) if place else None)
 
 
 def export_hf_dir(params: dict, config: ModelConfig, path: str | os.PathLike,

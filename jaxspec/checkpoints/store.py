@@ -70,7 +70,8 @@ def read_meta(path: str | os.PathLike) -> dict:
 
 
 def restore(path: str | os.PathLike, dtype=None, shardings=None):
-    """(config, params, meta). `shardings`: a pytree of `jax.sharding.Sharding` to restore onto.
+    """(config, params, meta). `shardings`: a pytree of `jax.sharding.Sharding` to restore onto
+    (each process reads only its shards), or a function of the config returning one.
 
     A drafter saved with `meta["embed_from"]` (a frozen copy of its target's embedding) comes
     back without `params["embed"]`: `jaxspec.load` takes it from that target."""
@@ -83,8 +84,11 @@ def restore(path: str | os.PathLike, dtype=None, shardings=None):
     config = ModelConfig.from_dict(meta["config"])
     dtype_saved = meta.get("dtype", "float32")
     shapes = param_shapes(config)
+    if callable(shardings):
+        shardings = shardings(config)
     if meta.get("embed_from"):
         del shapes["embed"]
+        shardings = shardings and {k: v for k, v in shardings.items() if k != "embed"}
     abstract = jax.tree.map(lambda shape: jax.ShapeDtypeStruct(shape, dtype_saved),
                             shapes, is_leaf=lambda x: isinstance(x, tuple))
     if shardings is not None:

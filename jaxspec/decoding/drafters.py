@@ -8,6 +8,13 @@ with). Every spec implements
     propose(params, state, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size,
             features_BxTxD) -> draft_BxG, q (a DraftProbs; None when greedy), state
 
+and a spec that can draft token trees (trees.py) also
+
+    propose_tree(params, state, tokens_BxT, lengths_B, key, sampling, tree, vocab_size,
+                 features_BxTxD) -> draft_BxN, q (per node: what it was drawn from), state
+
+(a chain goes through `propose`).
+
 `tokens_BxT` holds each row's text so far in its first `lengths_B` slots. A drafter's cache must
 hold positions [0, length - 2) on entry; on exit it may hold more, since the caller rolls back by
 lowering lengths. A spec with `reads_features = True` gets the target's hidden states for
@@ -27,6 +34,7 @@ import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.sampling import DraftProbs, Sampling, pick
+from jaxspec.decoding.trees import grow
 from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache
 from jaxspec.models.transformer import fill_cache, forward
@@ -77,14 +85,17 @@ class ModelSpec:
         if self.subset_vocab:
             idx_B, q_BxK = pick(key, logits_BxK, sampling)
             return params["vocab_ids"][idx_B], q_BxK
-        logits_BxV = logits_BxK
-        V = logits_BxV.shape[-1]
+        return pick(key, self._vocab_logits(logits_BxK, vocab_size), sampling)
+
+    def _vocab_logits(self, logits_xK, vocab_size: int):
+        """A full head's logits over the target's vocabulary (a subset head's stay as they are)."""
+        V = logits_xK.shape[-1]
+        if self.subset_vocab or V == vocab_size:
+            return logits_xK
         if V > vocab_size:  # padded head: ids past the target's vocabulary are never drafted
-            logits_BxV = logits_BxV[:, :vocab_size]
-        elif V < vocab_size:
-            logits_BxV = jnp.pad(logits_BxV, ((0, 0), (0, vocab_size - V)),
-                                 constant_values=-jnp.inf)
-        return pick(key, logits_BxV, sampling)
+            return logits_xK[..., :vocab_size]
+        pad = [(0, 0)] * (logits_xK.ndim - 1) + [(0, vocab_size - V)]
+        return jnp.pad(logits_xK, pad, constant_values=-jnp.inf)
 
     def propose(self, params, cache, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size,
                 features_BxTxD=None):
@@ -118,6 +129,29 @@ class ModelSpec:
         ids_BxGxK = (jnp.broadcast_to(params["vocab_ids"], q_BxGxK.shape) if self.subset_vocab
                      else None)
         return draft_BxG, DraftProbs(q_BxGxK, ids_BxGxK), cache
+
+    def propose_tree(self, params, cache, tokens_BxT, lengths_B, key, sampling, tree, vocab_size,
+                     features_BxTxD=None):
+        """Top-k per node (`trees.grow`): refeed the last D + 1 tokens (after a tree step up to
+        that many may be missing from the cache, whose accepted nodes sit in scratch slots),
+        then one call per depth over its nodes that have children, in scratch slots past
+        length - 1 with tree attention, as the target verifies them."""
+        D = tree.max_depth
+        base_B = lengths_B - 1
+        pos_BxW = jnp.maximum(base_B[:, None] - D + jnp.arange(D + 1), 0)
+        toks_BxW = jnp.take_along_axis(tokens_BxT, pos_BxW, axis=1)
+        logits_BxWxK, cache = forward(params["model"], self.config, toks_BxW, pos_BxW, cache,
+                                      self.layers)
+
+        def expand(d, nodes, tok_BxP, cache):
+            pos_BxP = jnp.broadcast_to((base_B + d)[:, None], tok_BxP.shape)
+            logits_BxPxK, cache = forward(
+                params["model"], self.config, tok_BxP, pos_BxP, cache, self.layers,
+                slots_BxS=base_B[:, None] + 1 + nodes, tree=tree.region(base_B, nodes))
+            return self._vocab_logits(logits_BxPxK, vocab_size), cache
+
+        return grow(tree, key, sampling, self._vocab_logits(logits_BxWxK[:, -1], vocab_size),
+                    expand, cache, params["vocab_ids"] if self.subset_vocab else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,6 +193,54 @@ class NgramSpec:
         draft_BxG = jnp.take_along_axis(tokens_BxT, src_BxG, axis=1)
         q = None if sampling.greedy else DraftProbs(jnp.ones((B, gamma, 1)), draft_BxG[..., None])
         return draft_BxG, q, state
+
+    def propose_tree(self, params, state, tokens_BxT, lengths_B, key, sampling, tree, vocab_size,
+                     features_BxTxD=None):
+        """A node's children, by rank: the distinct tokens that followed the latest earlier
+        occurrences of the last n tokens of the text extended by the node's path (n from
+        max_ngram down to 1, the longest first, then the most recent); missing ones repeat the
+        node's own token. The drafts are deterministic, so q is one-hot."""
+        B, M = tokens_BxT.shape[0], self.max_ngram
+        pos_BxM = lengths_B[:, None] - M + jnp.arange(M)
+        tails = {0: jnp.take_along_axis(tokens_BxT, jnp.maximum(pos_BxM, 0), axis=1)}
+        draft = [None] * tree.size
+        for i in range(tree.size):  # parents come first
+            f, d = int(tree.parent_N[i]), int(tree.depth_N1[i + 1])
+            if f not in tails:
+                tail_BxM = tails[int(tree.parent_N[f - 1])]
+                tails[f] = jnp.concatenate([tail_BxM[:, 1:], draft[f - 1][:, None]], axis=1)
+            kids = tree.children_N1xW[f]
+            if i == kids[0]:  # the first child: find candidates for all of them
+                cands_BxR = self._candidates(tokens_BxT, lengths_B, tails[f], lengths_B + d - 1,
+                                             int(tree.rank_N[kids[kids >= 0]].max()) + 1)
+            draft[i] = cands_BxR[:, tree.rank_N[i]]
+        draft_BxN = jnp.stack(draft, axis=1)
+        q = None if sampling.greedy else DraftProbs(jnp.ones((B, tree.size, 1)),
+                                                    draft_BxN[..., None])
+        return draft_BxN, q, state
+
+    def _candidates(self, tokens_BxT, lengths_B, tail_BxM, context_B, R: int):
+        """Up to R distinct next tokens [B, R] after the context ending in `tail_BxM` (its last
+        max_ngram tokens; the context has `context_B` tokens), by match length then recency."""
+        B, T = tokens_BxT.shape
+        M, C = self.max_ngram, min(T, R + 2)  # C latest matches per n cover R distinct tokens
+        j_T, rows_B = jnp.arange(T), jnp.arange(B)
+        cands, ok = [], []
+        for n in range(M, 0, -1):
+            match_BxT = (j_T < lengths_B[:, None] - n) & (context_B[:, None] >= n)
+            for k in range(n):
+                match_BxT &= jnp.roll(tokens_BxT, -k, axis=1) == tail_BxM[:, M - n + k, None]
+            latest_BxC = jax.lax.top_k(jnp.where(match_BxT, j_T, -1), C)[0]
+            cands.append(jnp.take_along_axis(tokens_BxT, jnp.maximum(latest_BxC + n, 0), axis=1))
+            ok.append(latest_BxC >= 0)
+        cands_BxK, ok_BxK = jnp.concatenate(cands, axis=1), jnp.concatenate(ok, axis=1)
+        out_BxR, count_B = jnp.full((B, R), -1), jnp.zeros((B,), jnp.int32)
+        for c in range(cands_BxK.shape[1]):
+            tok_B = cands_BxK[:, c]
+            new_B = ok_BxK[:, c] & ~jnp.any(out_BxR == tok_B[:, None], axis=1) & (count_B < R)
+            out_BxR = out_BxR.at[rows_B, jnp.where(new_B, count_B, R)].set(tok_B, mode="drop")
+            count_B += new_B
+        return jnp.where(out_BxR < 0, tail_BxM[:, -1:], out_BxR)
 
 
 def model_drafter(model, vocab_ids=None) -> Drafter:

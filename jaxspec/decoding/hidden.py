@@ -30,6 +30,7 @@ import numpy as np
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.drafters import Drafter
 from jaxspec.decoding.sampling import DraftProbs, pick
+from jaxspec.decoding.trees import grow
 from jaxspec.errors import UserError
 from jaxspec.models import layers as L
 from jaxspec.models.cache import init_cache
@@ -98,16 +99,18 @@ class HiddenSpec:
         y = L.linear(x.reshape(-1, 1, x.shape[-1]), p["w"][k]).reshape(s_xD.shape)
         return s_xD + jax.nn.gelu(L.rms_norm(y, p["norm"][k], 1e-6), approximate=True)
 
-    def eagle_layer(self, params, f_BxSxD, tok_BxS, positions_BxS, cache):
+    def eagle_layer(self, params, f_BxSxD, tok_BxS, positions_BxS, cache, slots_BxS=None,
+                    tree=None):
         """Predicted final-normed features of positions p + 1 from those of p (`f_BxSxD`) and
-        the tokens at p + 1."""
+        the tokens at p + 1 (`slots_BxS`, `tree`: as in `transformer.forward`)."""
         p = params["head"]
         x = jnp.concatenate([_norm(f_BxSxD), _embed(params["shared"], self.config, tok_BxS)], -1)
         x = L.linear(x, p["fc"])
         rope = L.rope_angles(positions_BxS, L.rope_inv_freq(
             self.config.head_dim, self.config.rope_theta, self.config.rope_scaling))
+        view = None if tree is None else L.tree_view(cache.max_len, *tree)
         h, k, v = _layer(x, p["layer"], cache.keys[0], cache.values[0], positions_BxS, rope,
-                         None, self.config)
+                         None, self.config, slots_BxS, view)
         # Like the target's own last layer, its output passes the target's final norm.
         return (_feature(params["shared"], self.config, h),
                 cache.replace(keys=(k,), values=(v,)))
@@ -186,6 +189,56 @@ class HiddenSpec:
         q_BxGxK = jnp.stack(qs, axis=1)
         ids_BxGxK = jnp.broadcast_to(params["vocab_ids"], q_BxGxK.shape)
         return draft_BxG, DraftProbs(q_BxGxK, ids_BxGxK), state
+
+    def propose_tree(self, params, state, tokens_BxT, lengths_B, key, sampling, tree,
+                     vocab_size, features_BxTxD):
+        """Top-k per node (`trees.grow`). Medusa: head d drafts depth d + 1 for every parent (a
+        Cartesian tree); Hydra: stage d runs once per node at depth d; EAGLE: one call per depth
+        over the nodes with children, in scratch slots past its last caught-up position with
+        tree attention (the next step's catch-up overwrites them)."""
+        D = tree.max_depth
+        if self.kind != "eagle" and D > self.depth:
+            raise UserError(f"this {self.kind} drafter has {self.depth} heads; the tree is {D} "
+                            f"deep")
+        if self.kind == "eagle" and D + 1 > _WINDOW:
+            raise UserError(f"an EAGLE drafter drafts trees up to {_WINDOW - 1} deep; the tree "
+                            f"is {D} deep")
+        shared = params["shared"]
+        rows_B = jnp.arange(tokens_BxT.shape[0])
+        f_BxD = features_BxTxD[rows_B, jnp.maximum(lengths_B - 2, 0)]
+        last_B = tokens_BxT[rows_B, jnp.maximum(lengths_B - 1, 0)]
+        base_B = lengths_B - 2  # EAGLE: the root's slot, its last caught-up position
+        if self.kind == "medusa":
+            root_BxD, carry = self.medusa_head(params, 0, f_BxD), ()
+        elif self.kind == "hydra":
+            root_BxD = self.hydra_stage(params, 0, _feature(shared, self.config, f_BxD), last_B)
+            carry = (np.array([0]), root_BxD[:, None])
+        else:
+            state, root_BxD = self._catch_up(params, state, tokens_BxT, lengths_B,
+                                             features_BxTxD)
+            carry = (np.array([0]), root_BxD[:, None], state)
+
+        def expand(d, nodes, tok_BxP, carry):
+            """Distributions after the depth-d `nodes`; carry: the feed indices of the nodes
+            expanded last, their states [B, P, D] (and EAGLE's cache)."""
+            if self.kind == "medusa":
+                logits_BxK = _logits(shared, self.medusa_head(params, d, f_BxD))
+                return jnp.broadcast_to(logits_BxK[:, None],
+                                        tok_BxP.shape + logits_BxK.shape[-1:]), carry
+            prev, s_BxQxD = carry[0], carry[1]
+            s_BxPxD = s_BxQxD[:, [list(prev).index(int(tree.parent_N[i])) for i in nodes]]
+            if self.kind == "hydra":
+                h_BxPxD = self.hydra_stage(params, d, s_BxPxD, tok_BxP)
+                return _logits(shared, h_BxPxD), (nodes + 1, h_BxPxD)
+            pos_BxP = jnp.broadcast_to((base_B + d)[:, None], tok_BxP.shape)
+            h_BxPxD, cache = self.eagle_layer(params, s_BxPxD, tok_BxP, pos_BxP, carry[2],
+                                              base_B[:, None] + 1 + nodes,
+                                              tree.region(base_B, nodes))
+            return _logits(shared, h_BxPxD), (nodes + 1, h_BxPxD, cache)
+
+        draft_BxN, q, carry = grow(tree, key, sampling, _logits(shared, root_BxD), expand, carry,
+                                   params["vocab_ids"])
+        return draft_BxN, q, (carry[2] if self.kind == "eagle" else state)
 
     # -- training --------------------------------------------------------------------------
 

@@ -86,3 +86,17 @@ def choose_gamma(accepted_B, drafted_B, costs_G1):
     g_G1 = jnp.arange(len(costs_G1))
     tokens_BxG1 = jnp.cumsum(alpha_B[:, None] ** g_G1, axis=1)  # 1 + a + ... + a^g
     return jnp.argmax(tokens_BxG1 / jnp.asarray(costs_G1, jnp.float32), axis=1).astype(jnp.int32)
+
+
+def branch_lengths(costs_G1, tolerance: float = 0.05) -> tuple[int, ...]:
+    """The draft lengths gamma="auto" compiles a branch for, ascending: a step runs the
+    shortest one covering its longest row (shorter rows mask their extra drafts), so a length
+    is dropped when the next longer kept one costs at most `tolerance` more. With flat costs
+    (bfloat16 on CPU, a free drafter) one branch of the longest draft remains and the step
+    needs no `lax.switch`."""
+    costs_G1 = [float(c) for c in costs_G1]
+    kept = [len(costs_G1) - 1]
+    for g in range(len(costs_G1) - 2, -1, -1):
+        if costs_G1[kept[-1]] > (1 + tolerance) * costs_G1[g]:
+            kept.append(g)
+    return tuple(reversed(kept))

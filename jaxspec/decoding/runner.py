@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.decoding import speculative
+from jaxspec import sharding
+from jaxspec.decoding import speculative, trees
 from jaxspec.decoding.drafters import as_drafter
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.errors import UserError
@@ -115,6 +116,15 @@ def _check_gamma(gamma, drafter) -> None:
         raise UserError(f"gamma must be >= 1 with a drafter, got {gamma}")
 
 
+def _check_tree(tree, drafter):
+    """(the tree, None for a chain; its node count) for `tree` (choices paths or a Tree)."""
+    tree = trees.make_tree(tree)
+    spec = getattr(as_drafter(drafter), "spec", None) if drafter is not None else None
+    if not tree.is_chain and spec is not None and not hasattr(spec, "propose_tree"):
+        raise UserError(f"drafter {type(spec).__name__} cannot draft trees; use a chain (gamma)")
+    return (None if tree.is_chain else tree), tree.size
+
+
 def _auto_costs(target, drafter, gamma_max: int, costs) -> tuple[float, ...]:
     """Step cost of each draft length 0..gamma_max relative to a plain step: given, or from the
     measured (and cached) profile of this target and drafter on this machine."""
@@ -131,6 +141,15 @@ def _auto_costs(target, drafter, gamma_max: int, costs) -> tuple[float, ...]:
     return costs
 
 
+def _never_drafts(costs) -> bool:
+    """Whether gamma="auto" would never draft: every row starts at the prior acceptance, which
+    only drafting moves, so when the prior picks no draft the drafter never runs (its prefill
+    alone would cost time); such a call decodes without it."""
+    from jaxspec.decoding.plan import choose_gamma
+
+    return int(choose_gamma(np.zeros(1), np.zeros(1), costs)[0]) == 0
+
+
 def _budgets(max_new_tokens, B: int) -> np.ndarray:
     """max_new_tokens (one int, or one per prompt) as an int array [B]."""
     max_new = np.asarray(max_new_tokens)
@@ -143,21 +162,23 @@ def _budgets(max_new_tokens, B: int) -> np.ndarray:
     return np.broadcast_to(max_new, (B,))
 
 
-def cache_len(lengths, max_new, gamma: int, max_position: int) -> int:
+def cache_len(lengths, max_new, gamma: int, max_position: int, label: str = "gamma") -> int:
     """Cache slots for these prompts and budgets: a power of two, at least _CACHE_MIN, so most
-    calls share one compiled shape (attention over unused slots is cheap next to the weights)."""
+    calls share one compiled shape (attention over unused slots is cheap next to the weights).
+    A step writes gamma + 1 slots from the last token on (a tree: its nodes + 1)."""
     need = int((lengths + max_new).max()) + gamma + 1
     if need > max_position:
         raise UserError(f"prompt ({lengths.max()} tokens) + max_new_tokens ({max_new.max()}) "
-                        f"+ gamma + 1 = {need} exceeds the model's {max_position} positions")
+                        f"+ {label} + 1 = {need} exceeds the model's {max_position} positions")
     return min(_bucket(need, _CACHE_MIN), max_position)
 
 
-def _pad_batch(ids, max_new, T: int, pad_id: int):
-    """Rows padded to a power-of-two batch: tokens [Bp, T], lengths [Bp], budgets [Bp] (padded
-    rows have budget 0, so they start done)."""
+def _pad_batch(ids, max_new, T: int, pad_id: int, multiple: int = 1):
+    """Rows padded to a power-of-two batch, a multiple of `multiple` (the mesh's row shards):
+    tokens [Bp, T], lengths [Bp], budgets [Bp] (padded rows have budget 0, so they start
+    done)."""
     B = len(ids)
-    Bp = _bucket(B, 1)
+    Bp = -(-_bucket(B, 1) // multiple) * multiple
     tokens = np.full((Bp, T), pad_id, np.int32)
     for b, row in enumerate(ids):
         tokens[b, :len(row)] = row
@@ -185,27 +206,53 @@ class Decoder:
         self.max_size = max_size
         self.compiles = 0
 
-    def _executable(self, statics: dict, args, fn=speculative.run, donate: tuple[int, ...] = ()):
+    def clear(self) -> None:
+        """Free the compiled functions (each holds memory and a few memory mappings)."""
+        self._compiled.clear()
+
+    def _executable(self, statics: dict, args, fn=speculative.run, donate: tuple[int, ...] = (),
+                    model=None, check=None):
         """`fn` (speculative.run by default) compiled for these statics and argument shapes;
-        `donate`: positions of arguments whose buffers the call may reuse."""
+        `donate`: positions of arguments whose buffers the call may reuse. Over `model`'s mesh
+        (if any) the decode state is pinned to it (`sharding.constrain`). `check()` runs
+        before compiling (the memory plan)."""
+        mesh, rules = (model.mesh, model.rules) if model is not None else (None, None)
         key = (fn.__name__, donate, tuple(sorted(statics.items(), key=lambda kv: kv[0])),
-               jax.tree.structure(args), tuple((a.shape, a.dtype) for a in jax.tree.leaves(args)))
+               jax.tree.structure(args), tuple((a.shape, a.dtype) for a in jax.tree.leaves(args)),
+               mesh, tuple(sorted((rules or {}).items())))
         if key in self._compiled:
             self._compiled.move_to_end(key)
             return self._compiled[key]
+        if check is not None:
+            check()
         _use_compilation_cache()
-        jitted = jax.jit(fn, static_argnames=tuple(statics), donate_argnums=donate)
-        self._compiled[key] = jitted.lower(*args, **statics).compile()
+        traced = fn
+        if mesh is not None:
+            def traced(*a, **kw):  # a fresh function: no trace cached without the mesh is reused
+                with sharding.decoding_on(mesh, rules):
+                    return fn(*a, **kw)
+        jitted = jax.jit(traced, static_argnames=tuple(statics), donate_argnums=donate)
+        # XLA:CPU executables with collectives read back from the persistent cache deadlock in
+        # a collective (jax 0.10, simulated devices): compile those afresh.
+        cached = jax.config.jax_enable_compilation_cache
+        if mesh is not None and mesh.devices.flat[0].platform == "cpu":
+            jax.config.update("jax_enable_compilation_cache", False)
+        try:
+            self._compiled[key] = jitted.lower(*args, **statics).compile()
+        finally:
+            jax.config.update("jax_enable_compilation_cache", cached)
         self.compiles += 1
         if len(self._compiled) > self.max_size:
             self._compiled.popitem(last=False)
         return self._compiled[key]
 
     def __call__(self, target, drafter, prompts, *, gamma, max_new_tokens, sampling, seed, stop,
-                 chat, gamma_max=4, costs=None) -> GenerationResult:
+                 chat, gamma_max=4, costs=None, tree=None) -> GenerationResult:
         auto = isinstance(gamma, str)
         if auto and gamma != "auto":
             raise UserError(f"gamma must be an int or 'auto', got {gamma!r}")
+        if tree is not None:
+            tree, gamma = _check_tree(tree, drafter)
         gamma = gamma_max if auto else gamma
         _check_gamma(gamma, drafter)
         ids = encode_prompts(target, prompts, chat)
@@ -213,19 +260,28 @@ class Decoder:
             check_token_ids([row], target.config.vocab_size)
         max_new = _budgets(max_new_tokens, len(ids))
         lengths = np.array([len(r) for r in ids])
-        T = cache_len(lengths, max_new, gamma, target.config.max_position)
-        tokens, lengths_p, max_new_p = _pad_batch(ids, max_new, T, target.config.pad_token_id)
+        T = cache_len(lengths, max_new, gamma, target.config.max_position,
+                      f"{gamma} tree nodes" if tree is not None else "gamma")
+        tokens, lengths_p, max_new_p = _pad_batch(ids, max_new, T, target.config.pad_token_id,
+                                                  sharding.batch_shards(target.mesh, target.rules))
         if drafter is not None:
             _check_tokenizers(target, drafter)
             drafter = as_drafter(drafter)
             drafter.spec.validate(drafter.params, target)
         statics = dict(config=target.config, gamma=gamma, sampling=sampling,
                        stop_ids=stop_ids(target, stop),
-                       costs=_auto_costs(target, drafter, gamma, costs) if auto else None)
-        args = (target.params, drafter, jnp.asarray(tokens), jnp.asarray(lengths_p),
-                jnp.asarray(max_new_p), jax.random.key(seed))
+                       costs=_auto_costs(target, drafter, gamma, costs) if auto else None,
+                       tree=tree)
+        if auto and _never_drafts(statics["costs"]):
+            drafter, statics = None, {**statics, "gamma": 0, "costs": None}
+        args = (target.params, drafter, *_rows(target, tokens, lengths_p, max_new_p),
+                _key(target, seed))
+        def check():
+            from jaxspec.decoding import memory  # also a `python -m` entry: import when used
+
+            memory.check_decode(target, drafter, len(tokens), T, gamma)
         t0 = time.perf_counter()
-        run = self._executable(statics, args)
+        run = self._executable(statics, args, model=target, check=check)
         compile_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         state = jax.block_until_ready(run(*args))
@@ -254,7 +310,8 @@ class Decoder:
         if batch_size < 1 or max_steps < 1:
             raise UserError(f"batch_size and max_steps must be >= 1, got {batch_size}, "
                             f"{max_steps}")
-        B = int(batch_size)
+        shards = sharding.batch_shards(target.mesh, target.rules)
+        B = -(-int(batch_size) // shards) * shards  # rows split evenly over the mesh
         R = min(B, int(refill_size or max(1, B // 8)))
         lengths = np.array([len(r) for r in ids])
         T = cache_len(lengths, np.array([max_new]), 0, target.config.max_position)
@@ -270,6 +327,9 @@ class Decoder:
         slot_prompt = np.full(B, -1)  # the prompt each slot holds; -1: empty
         pending = collections.deque(range(len(ids)))
         state = speculative.idle_state(config, B, T)
+        if target.mesh is not None:
+            state = jax.device_put(state, sharding.state_shardings(state, B, target.mesh,
+                                                                   target.rules))
         refill_fn = decode_fn = None
         while True:
             free = np.flatnonzero(slot_prompt < 0)
@@ -288,7 +348,8 @@ class Decoder:
                 args = (target.params, state, *map(jnp.asarray, (tokens, lens, budgets,
                                                                  row_seeds, slots)))
                 refill_fn = refill_fn or self._executable(dict(config=config), args,
-                                                          speculative.refill, donate=(1,))
+                                                          speculative.refill, donate=(1,),
+                                                          model=target)
                 state = refill_fn(*args)
                 stats["prefill_calls"] += 1
             if (slot_prompt < 0).all():
@@ -297,18 +358,36 @@ class Decoder:
             args = (target.params, None, state, jnp.int32(max_steps),
                     jnp.int32(R if pending else B))
             decode_fn = decode_fn or self._executable(decode_statics, args, speculative.resume,
-                                                      donate=(2,))
+                                                      donate=(2,), model=target)
             state = decode_fn(*args)
             stats["decode_calls"] += 1
-            done, tokens, lengths_B, prompt_B = jax.device_get(
+            done, tokens, lengths_B, prompt_B = sharding.to_host(
                 (state.done_B, state.tokens_BxT, state.lengths_B, state.prompt_lengths_B))
             for s in np.flatnonzero(done & (slot_prompt >= 0)):
                 i, slot_prompt[s] = int(slot_prompt[s]), -1
                 yield i, tokens[s, prompt_B[s]:lengths_B[s]].tolist()
 
 
+def _rows(model, *host_arrays):
+    """Per-row inputs as device arrays: split over the model's mesh by rows if it has one (every
+    process passes the whole batch)."""
+    if model.mesh is None:
+        return tuple(jnp.asarray(a) for a in host_arrays)
+    return tuple(sharding.global_array(a, sharding.batch_sharding(
+        model.mesh, a.ndim, rules=model.rules)) for a in host_arrays)
+
+
+def _key(model, seed: int):
+    """The batch's PRNG key, replicated over the model's mesh if it has one."""
+    key = jax.random.key(seed)
+    if model.mesh is None:
+        return key
+    data = np.asarray(jax.random.key_data(key))
+    return jax.random.wrap_key_data(sharding.global_array(data, sharding.replicated(model.mesh)))
+
+
 def _result(target, state, B, gamma, wall, compile_s) -> GenerationResult:
-    tokens, lengths, prompt_lengths, steps, gained, drafted = jax.device_get(
+    tokens, lengths, prompt_lengths, steps, gained, drafted = sharding.to_host(
         (state.tokens_BxT, state.lengths_B, state.prompt_lengths_B, state.steps_B,
          state.gained_BxN, state.gamma_BxN))
     token_ids = [tokens[b, prompt_lengths[b]:lengths[b]].tolist() for b in range(B)]
@@ -362,7 +441,7 @@ def speculative_generate(target, drafter, prompts, gamma: int | str | None = Non
                          max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
                          top_k: int | None = None, top_p: float | None = None, seed: int = 0,
                          stop=None, chat: bool = False, gamma_max: int = 4,
-                         costs: Sequence[float] | None = None) -> GenerationResult:
+                         costs: Sequence[float] | None = None, tree=None) -> GenerationResult:
     """Speculative decoding: `drafter` (a jaxspec Model or a Drafter from `layer_skip_drafter`,
     `ngram_drafter`, `model_drafter`) proposes `gamma` tokens, the target verifies them in one
     call, and each row keeps what it accepts. Greedy output equals `generate`'s; sampled output
@@ -371,11 +450,18 @@ def speculative_generate(target, drafter, prompts, gamma: int | str | None = Non
     gamma="auto": each row picks its draft length (0 to `gamma_max`) every step from its
     acceptance so far and the cost model (`costs`: the step cost of each length relative to a
     plain step; by default measured by `jaxspec profile` and cached). gamma None: the gamma a
-    trained drafter was tuned for, else 4."""
+    trained drafter was tuned for, else 4.
+
+    tree: instead of a chain of gamma, each step drafts a token tree, given as Medusa/EAGLE
+    "choices" (paths of candidate ranks, e.g. [(0,), (1,), (0, 0), (0, 1), (1, 0)]) or a
+    `trees.Tree`, and the target verifies all its nodes in one call (greedy and sampled output
+    stay exact). The model, layer-skip, n-gram, Medusa, Hydra and EAGLE drafters draft trees."""
     if drafter is None:
         raise UserError("speculative_generate needs a drafter; use generate without one")
-    if gamma is None:
+    if tree is not None and gamma is not None:
+        raise UserError("give gamma (a chain) or tree, not both")
+    if gamma is None and tree is None:
         gamma = getattr(getattr(drafter, "spec", None), "tuned_gamma", None) or 4
     return _DECODER(target, drafter, prompts, gamma=gamma, max_new_tokens=max_new_tokens,
                     sampling=Sampling(temperature, top_k, top_p), seed=seed, stop=stop, chat=chat,
-                    gamma_max=gamma_max, costs=costs)
+                    gamma_max=gamma_max, costs=costs, tree=tree)

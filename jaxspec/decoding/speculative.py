@@ -20,10 +20,12 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.plan import choose_gamma
+from jaxspec.decoding.plan import branch_lengths, choose_gamma
 from jaxspec.decoding.sampling import DraftProbs, Sampling, argmax, probs, sample
+from jaxspec.decoding.trees import Tree, chain, compact
 from jaxspec.models.cache import KVCache, init_cache
 from jaxspec.models.transformer import fill_cache, forward
+from jaxspec.sharding import constrain
 
 
 @flax.struct.dataclass
@@ -72,69 +74,107 @@ def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_leng
     cache, feats_BxTxD = filled if reads_features(drafter) else (filled, jnp.zeros((B, T, 0)))
     dstate = (drafter.spec.init(drafter.params, tokens_BxT, prompt_lengths_B, feats_BxTxD)
               if drafter is not None else ())
-    return DecodeState(
+    return constrain(DecodeState(
         tokens_BxT=tokens_BxT, lengths_B=prompt_lengths_B, prompt_lengths_B=prompt_lengths_B,
         max_new_B=max_new_B, done_B=max_new_B <= 0, target_cache=cache, drafter_state=dstate,
         key=key, steps_B=jnp.zeros((B,), jnp.int32), gained_BxN=jnp.zeros((B, T), jnp.int32),
         gamma_BxN=jnp.zeros((B, T), jnp.int32), accepted_B=jnp.zeros((B,), jnp.float32),
-        tried_B=jnp.zeros((B,), jnp.float32), features_BxTxD=feats_BxTxD)
+        tried_B=jnp.zeros((B,), jnp.float32), features_BxTxD=feats_BxTxD), B)
 
 
-def verify(target_params, config, state: DecodeState, draft_BxG):
-    """Target logits [B, G+1, V] for the last token and the drafts, in one call; the updated
-    cache; and the hidden states [B, G+1, D] (D = 0 when the state keeps none)."""
-    B, G = draft_BxG.shape
-    last_Bx1 = jnp.take_along_axis(state.tokens_BxT, (state.lengths_B - 1)[:, None], axis=1)
-    feed_BxG1 = jnp.concatenate([last_Bx1, draft_BxG], axis=1)
-    positions_BxG1 = state.lengths_B[:, None] - 1 + jnp.arange(G + 1)
-    logits_BxG1xV, cache, x_BxG1xD = forward(target_params, config, feed_BxG1, positions_BxG1,
-                                             state.target_cache, features=True)
-    return logits_BxG1xV, cache, x_BxG1xD[..., :state.features_BxTxD.shape[-1]]
+def verify(target_params, config, state: DecodeState, draft_BxN, tree: Tree | None = None):
+    """Target logits [B, N+1, V] for the last token and the N draft nodes of `tree` (default: a
+    chain), in one call with tree attention, nodes in scratch slots length - 1 + feed index; the
+    updated cache; and the hidden states [B, N+1, D] (D = 0 when the state keeps none)."""
+    B, N = draft_BxN.shape
+    tree = chain(N) if tree is None else tree
+    base_B = state.lengths_B - 1
+    last_Bx1 = jnp.take_along_axis(state.tokens_BxT, base_B[:, None], axis=1)
+    feed_BxN1 = jnp.concatenate([last_Bx1, draft_BxN], axis=1)
+    logits_BxN1xV, cache, x_BxN1xD = forward(
+        target_params, config, feed_BxN1, base_B[:, None] + tree.depth_N1, state.target_cache,
+        features=True, slots_BxS=base_B[:, None] + jnp.arange(N + 1), tree=tree.region(base_B))
+    return logits_BxN1xV, cache, x_BxN1xD[..., :state.features_BxTxD.shape[-1]]
 
 
-def accept(key, logits_BxG1xV, draft_BxG, q: DraftProbs | None, sampling: Sampling,
-           gamma_B=None):
-    """(n_accepted [B], emitted [B, G+1]): row b emits emitted[b, :n_accepted[b] + 1]. Row b
-    drafted only its first gamma_B[b] <= G tokens (all G by default); the rest are never
-    accepted.
+def accept(key, logits_BxN1xV, draft_BxN, q: DraftProbs | None, sampling: Sampling,
+           gamma_B=None, tree: Tree | None = None):
+    """(n_accepted [B], emitted [B, D+1], path [B, D+1]) for the N draft nodes of `tree`
+    (default: a chain) and depth D: row b keeps emitted[b, :n + 1], the tokens of its accepted
+    nodes (feed indices path[b, 1:n + 1]; path[b, 0] = 0 is the root) and then the target's.
+    Row b drafted only its first gamma_B[b] nodes (all by default); the rest are never accepted.
 
-    Greedy: the longest prefix of drafts equal to the target's argmax, then the target's token.
-    Sampling (Leviathan et al. 2023; Chen et al. 2023): accept draft i with probability
-    min(1, p_i/q_i); at the first rejection draw from normalize(max(p - q, 0)); if all are
-    accepted draw a bonus token from p. `q` is None when greedy. `key` is one key, or one per
-    row [B] (each row then draws from its own).
+    Greedy: descend while a child's token is the target's argmax at its parent.
+    Sampling (Leviathan et al. 2023; Chen et al. 2023; siblings as in SpecInfer, Miao et al.
+    2024): r starts as the target's p at the root; try the node's children in rank order,
+    accepting child i with probability min(1, r(x_i) / q_i(x_i)) (q_i: what x_i was drawn from,
+    given the siblings before it), and after a rejection replace r by normalize(max(r - q_i, 0));
+    after an acceptance r is p at the child. The correction (past a leaf, the bonus token) is
+    drawn from the final r. `q` is None when greedy. `key` is one key, or one per row [B].
     """
-    B, G = draft_BxG.shape
-    gamma_B = jnp.full((B,), G) if gamma_B is None else gamma_B
+    B, N = draft_BxN.shape
+    tree = chain(N) if tree is None else tree
+    gamma_B = jnp.full((B,), N) if gamma_B is None else gamma_B
     k_accept, k_fix = _split(key, 2)
     per_row = key.ndim == 1
+    rows_B = jnp.arange(B)
+    kids_N1xW = jnp.asarray(tree.children_N1xW)
     if sampling.greedy:
-        target_BxG1 = argmax(logits_BxG1xV)
-        drafted_BxG = jnp.arange(G) < gamma_B[:, None]
-        ok_BxG = (draft_BxG == target_BxG1[:, :G]) & drafted_BxG
-        n_B = jnp.sum(jnp.cumprod(ok_BxG, axis=1), axis=1)
-        return n_B, target_BxG1
-    p_BxG1xV = probs(logits_BxG1xV, sampling)
-    n_B = jnp.zeros((B,), jnp.int32)
-    if G:
-        p_draft_BxG = jnp.take_along_axis(p_BxG1xV[:, :G], draft_BxG[..., None], axis=-1)[..., 0]
-        u_BxG = (jax.vmap(lambda k: jax.random.uniform(k, (G,)))(k_accept) if per_row
-                 else jax.random.uniform(k_accept, (B, G)))
-        ok_BxG = (u_BxG * q.of(draft_BxG) < p_draft_BxG) & (jnp.arange(G) < gamma_B[:, None])
-        n_B = jnp.sum(jnp.cumprod(ok_BxG, axis=1), axis=1)
-    p_n_BxV = p_BxG1xV[jnp.arange(B), n_B]
-    # A rejected draft leaves the residual; past the row's drafts (the bonus) q is zero.
-    r_BxV = q.residual(p_n_BxV, jnp.where(n_B < gamma_B, n_B, G)) if G else p_n_BxV
-    mass_Bx1 = jnp.sum(r_BxV, axis=-1, keepdims=True)
-    r_BxV = jnp.where(mass_Bx1 > 0, r_BxV / jnp.maximum(mass_Bx1, 1e-30), p_n_BxV)
+        target_BxN1 = argmax(logits_BxN1xV)
+    else:
+        p_BxN1xV = probs(logits_BxN1xV, sampling)
+        r_BxV, fresh_B = p_BxN1xV[:, 0], jnp.ones((B,), bool)  # fresh: r is p, not a residual
+        if N:
+            q_BxN = q.of(draft_BxN)
+            u_BxN = (jax.vmap(lambda k: jax.random.uniform(k, (N,)))(k_accept) if per_row
+                     else jax.random.uniform(k_accept, (B, N)))
+    node_B, live_B, n_B = jnp.zeros((B,), jnp.int32), jnp.ones((B,), bool), 0
+    path = [node_B]
+    for _ in range(tree.max_depth):
+        hit_B, next_B = jnp.zeros((B,), bool), node_B
+        for w in range(kids_N1xW.shape[1]):
+            kid_B = kids_N1xW[node_B, w]
+            try_B = live_B & ~hit_B & (kid_B >= 0) & (kid_B < gamma_B)
+            kid_B = jnp.maximum(kid_B, 0)
+            x_B = draft_BxN[rows_B, kid_B]
+            if sampling.greedy:
+                ok_B = try_B & (x_B == target_BxN1[rows_B, node_B])
+            else:
+                q_x_B = q_BxN[rows_B, kid_B]
+                ok_B = try_B & (u_BxN[rows_B, kid_B] * q_x_B < r_BxV[rows_B, x_B]) & (q_x_B > 0)
+                no_B = try_B & ~ok_B
+                r_BxV = jnp.where(no_B[:, None], _normalize(q.residual(r_BxV, kid_B), r_BxV),
+                                  r_BxV)
+                fresh_B &= ~no_B
+            hit_B |= ok_B
+            next_B = jnp.where(ok_B, kid_B + 1, next_B)
+        live_B &= hit_B
+        node_B, n_B = next_B, n_B + hit_B
+        path.append(node_B)
+        if not sampling.greedy:
+            r_BxV = jnp.where(hit_B[:, None], p_BxN1xV[rows_B, node_B], r_BxV)
+            fresh_B |= hit_B
+    n_B = jnp.zeros((B,), jnp.int32) + n_B
+    path_BxD1 = jnp.stack(path, axis=1)
+    if sampling.greedy:
+        return n_B, jnp.take_along_axis(target_BxN1, path_BxD1, axis=1), path_BxD1
+    r_BxV = jnp.where(fresh_B[:, None], _normalize(r_BxV, r_BxV), r_BxV)
     fix_B = jax.vmap(sample)(k_fix, r_BxV) if per_row else sample(k_fix, r_BxV)
-    padded_BxG1 = jnp.concatenate([draft_BxG, jnp.zeros((B, 1), jnp.int32)], axis=1)
-    emitted_BxG1 = jnp.where(jnp.arange(G + 1) == n_B[:, None], fix_B[:, None], padded_BxG1)
-    return n_B, emitted_BxG1
+    padded_BxN1 = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), draft_BxN], axis=1)
+    nodes_BxD1 = jnp.take_along_axis(padded_BxN1, jnp.roll(path_BxD1, -1, axis=1), axis=1)
+    emitted_BxD1 = jnp.where(jnp.arange(tree.max_depth + 1) == n_B[:, None], fix_B[:, None],
+                             nodes_BxD1)
+    return n_B, emitted_BxD1, path_BxD1
+
+
+def _normalize(r_BxV, fallback_BxV):
+    """r / sum(r); `fallback` where r has no mass."""
+    mass_Bx1 = jnp.sum(r_BxV, axis=-1, keepdims=True)
+    return jnp.where(mass_Bx1 > 0, r_BxV / jnp.maximum(mass_Bx1, 1e-30), fallback_BxV)
 
 
 def advance(state: DecodeState, n_B, emitted_BxG1, stop_ids, target_cache, drafter_state,
-            key, feats_BxG1xD) -> DecodeState:
+            key, feats_BxG1xD, span: int | None = None) -> DecodeState:
     """Append each row's gain (cut at a stop token and at its budget) and the hidden states of
     the positions it verified (the last token and the accepted drafts); retire finished rows."""
     B, G1 = emitted_BxG1.shape
@@ -159,8 +199,9 @@ def advance(state: DecodeState, n_B, emitted_BxG1, stop_ids, target_cache, draft
     lengths_B = state.lengths_B + gained_B
     step_B = jnp.where(state.done_B, T, state.steps_B)  # finished rows log nothing
     gained_BxN = state.gained_BxN.at[jnp.arange(B), step_B].set(gained_B, mode="drop")
-    # Another step writes up to G1 slots past the length: stop when the cache cannot take it.
-    full_B = lengths_B + G1 > T
+    # Another step writes `span` slots (default G1) from length - 1 on: stop when the cache
+    # cannot take it.
+    full_B = lengths_B + (span or G1) > T
     done_B = (state.done_B | hit_B | (lengths_B - state.prompt_lengths_B >= state.max_new_B)
               | full_B)
     return state.replace(tokens_BxT=tokens_BxT, lengths_B=lengths_B, done_B=done_B,
@@ -187,11 +228,12 @@ def track(state: DecodeState, gamma_B, n_B) -> DecodeState:
 def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState, *,
                 gamma: int, sampling: Sampling, stop_ids: tuple[int, ...],
                 costs: tuple[float, ...] | None = None, max_steps=None,
-                min_done=None) -> DecodeState:
-    """Run until every row is done. Without `costs` every row drafts `gamma` tokens a step;
-    with them (the step cost of each draft length 0..gamma, relative to a plain step), each row
-    picks its own length every step (`plan.choose_gamma`), and the step drafts and verifies as
-    many positions as the longest row needs (one compiled branch per length).
+                min_done=None, tree: Tree | None = None) -> DecodeState:
+    """Run until every row is done. Without `costs` every row drafts `gamma` tokens a step, or
+    the nodes of `tree` (then gamma is unused; a chain of gamma is the same tree); with them
+    (the step cost of each draft length 0..gamma, relative to a plain step), each row picks its
+    own length every step (`plan.choose_gamma`); the step runs the shortest compiled length
+    (`plan.branch_lengths`) covering the longest pick, and every live row drafts that length.
 
     `max_steps` and `min_done` (ints or traced scalars; None: no bound) also end the loop after
     that many steps, or once at least that many rows are done: a continuous-batching caller then
@@ -200,16 +242,26 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
     B = state.tokens_BxT.shape[0]
     if state.key.ndim and drafter is not None:
         raise ValueError("per-row keys are for plain decoding (no drafter)")
+    if tree is not None and costs is not None:
+        raise ValueError("a tree has a fixed shape: no per-row draft lengths (costs)")
+    top = chain(gamma) if tree is None else tree
 
-    def draft_and_verify(g, state, k_draft):
-        """Draft g tokens and score g + 1 positions; drafts, q and logits padded to gamma."""
-        if g:
+    def draft_and_verify(t: Tree, state, k_draft):
+        """Draft the nodes of `t` and score them and the last token; drafts, q and logits padded
+        to the nodes of `top` (only chains are padded)."""
+        g = t.size
+        if not g:
+            draft_BxG, q, dstate = jnp.zeros((B, 0), jnp.int32), None, state.drafter_state
+        elif t.is_chain:
             draft_BxG, q, dstate = drafter.spec.propose(
                 drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B, k_draft,
                 sampling, g, vocab, state.features_BxTxD)
         else:
-            draft_BxG, q, dstate = jnp.zeros((B, 0), jnp.int32), None, state.drafter_state
-        logits_BxG1xV, cache, feats_BxG1xD = verify(target_params, config, state, draft_BxG)
+            draft_BxG, q, dstate = drafter.spec.propose_tree(
+                drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B, k_draft,
+                sampling, t, vocab, state.features_BxTxD)
+        logits_BxG1xV, cache, feats_BxG1xD = verify(target_params, config, state, draft_BxG, t)
+        gamma = top.size
         if g < gamma:
             pad = lambda x: jnp.pad(x, [(0, 0), (0, gamma - g)] + [(0, 0)] * (x.ndim - 2))
             draft_BxG, logits_BxG1xV = pad(draft_BxG), pad(logits_BxG1xV)
@@ -226,17 +278,27 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
     def body(state: DecodeState) -> DecodeState:
         key, k_draft, k_accept = _split(state.key, 3)
         if costs is None:
-            gamma_B = jnp.full((B,), gamma, jnp.int32)
-            out = draft_and_verify(gamma, state, k_draft)
+            gamma_B = jnp.full((B,), top.size, jnp.int32)
+            out = draft_and_verify(top, state, k_draft)
         else:
-            gamma_B = jnp.where(state.done_B, 0,
-                                choose_gamma(state.accepted_B, state.tried_B, costs))
-            branches = [functools.partial(draft_and_verify, g) for g in range(gamma + 1)]
-            out = jax.lax.switch(jnp.max(gamma_B), branches, state, k_draft)
-        draft_BxG, q, dstate, logits_BxG1xV, cache, feats_BxG1xD = out
-        n_B, emitted_BxG1 = accept(k_accept, logits_BxG1xV, draft_BxG, q, sampling, gamma_B)
+            want_B = jnp.where(state.done_B, 0,
+                               choose_gamma(state.accepted_B, state.tried_B, costs))
+            lengths = branch_lengths(costs)
+            branch = jnp.searchsorted(jnp.asarray(lengths), jnp.max(want_B))
+            # Every live row drafts the step's length: its verification is paid for already,
+            # and a longer draft never gains fewer tokens.
+            gamma_B = jnp.where(state.done_B, 0, jnp.asarray(lengths)[branch])
+            branches = [functools.partial(draft_and_verify, chain(g)) for g in lengths]
+            out = (branches[0](state, k_draft) if len(branches) == 1 else
+                   jax.lax.switch(branch, branches, state, k_draft))
+        draft_BxN, q, dstate, logits_BxN1xV, cache, feats_BxN1xD = out
+        n_B, emitted_BxD1, path_BxD1 = accept(k_accept, logits_BxN1xV, draft_BxN, q, sampling,
+                                              gamma_B, top)
+        cache = compact(cache, state.lengths_B - 1, path_BxD1, n_B)
+        feats_BxD1xD = jnp.take_along_axis(feats_BxN1xD, path_BxD1[..., None], axis=1)
         state = track(state, gamma_B, n_B)
-        return advance(state, n_B, emitted_BxG1, stop_ids, cache, dstate, key, feats_BxG1xD)
+        return constrain(advance(state, n_B, emitted_BxD1, stop_ids, cache, dstate, key,
+                                 feats_BxD1xD, top.size + 1), B)
 
     def cond(carry):
         state, step = carry
@@ -254,11 +316,11 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
 
 def run(target_params, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key, *,
         config: ModelConfig, gamma: int, sampling: Sampling, stop_ids: tuple[int, ...],
-        costs: tuple[float, ...] | None = None) -> DecodeState:
+        costs: tuple[float, ...] | None = None, tree: Tree | None = None) -> DecodeState:
     """Prefill and decode; jit this with everything after `*` static."""
     state = prefill(target_params, config, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key)
     return decode_loop(target_params, config, drafter, state, gamma=gamma, sampling=sampling,
-                       stop_ids=stop_ids, costs=costs)
+                       stop_ids=stop_ids, costs=costs, tree=tree)
 
 
 # Continuous batching: a fixed batch of slots, refilled with new rows as rows finish.
@@ -287,7 +349,8 @@ def refill(target_params, state: DecodeState, tokens_RxT, prompt_lengths_R, max_
     fixed: one compiled function whatever the number of free slots. Jit with `config` static."""
     keys_R = jax.vmap(jax.random.key)(seeds_R)
     new = prefill(target_params, config, None, tokens_RxT, prompt_lengths_R, max_new_R, keys_R)
-    return jax.tree.map(lambda big, small: big.at[slots_R].set(small, mode="drop"), state, new)
+    return constrain(jax.tree.map(lambda big, small: big.at[slots_R].set(small, mode="drop"),
+                                  state, new), state.tokens_BxT.shape[0])
 
 
 def resume(target_params, drafter, state: DecodeState, max_steps, min_done, *,

@@ -14,6 +14,8 @@ import jax.numpy as jnp
 
 from jaxspec.config import ModelConfig
 
+CACHE_AXES = ("batch", "length", "kv_heads", "head_dim")  # logical names of a layer's keys/values
+
 
 @flax.struct.dataclass
 class KVCache:

@@ -93,12 +93,28 @@ def write_cache(cache_BxTxKxH, new_BxSxKxH, positions_BxS):
         new_BxSxKxH.astype(cache_BxTxKxH.dtype), mode="drop")
 
 
-def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, window):
+def tree_view(T: int, base_B, depth_M, visible_SxM):
+    """How S queries see a cache of T slots whose slots base .. base + M - 1 hold a token tree
+    (slot base + m: position base + depth_M[m]): the position each slot holds [B, T], and which
+    slots each query may see [B, S, T] (outside the tree every slot, by position as usual;
+    inside only those `visible_SxM` marks, e.g. the query's ancestors)."""
+    M = len(depth_M)
+    t_T = jnp.arange(T)
+    off_BxT = t_T - base_B[:, None]
+    inside_BxT = (off_BxT >= 0) & (off_BxT < M)
+    at_BxT = jnp.clip(off_BxT, 0, M - 1)
+    kv_pos_BxT = jnp.where(inside_BxT, base_B[:, None] + jnp.asarray(depth_M)[at_BxT], t_T)
+    seen_BxSxT = jnp.moveaxis(jnp.asarray(visible_SxM)[:, at_BxT], 0, 1)
+    return kv_pos_BxT, seen_BxSxT | ~inside_BxT[:, None]
+
+
+def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, window, view=None):
     """Grouped-query attention of the new queries over the cache, masked by position:
     [batch, seq, heads * head_dim].
 
     A query at position p sees slots t <= p, and with a sliding `window` (an int, or None)
-    only t > p - window (static).
+    only t > p - window (static). `view` (from `tree_view`) gives the slots' positions and a
+    visibility mask when the cache holds a token tree; by default slot t holds position t.
     """
     B, S, N, H = q_BxSxNxH.shape
     K = k_BxTxKxH.shape[2]
@@ -106,10 +122,14 @@ def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, wind
     scores = jnp.einsum("BSKGH,BTKH->BKGST", q, k_BxTxKxH,
                         preferred_element_type=jnp.float32) * scale
     kv_pos_1x1xT = jnp.arange(k_BxTxKxH.shape[1])[None, None, :]
+    if view is not None:
+        kv_pos_1x1xT = view[0][:, None, :]
     q_pos = positions_BxS[:, :, None]
     mask_BxSxT = kv_pos_1x1xT <= q_pos
     if window is not None:
         mask_BxSxT &= kv_pos_1x1xT > q_pos - window
+    if view is not None:
+        mask_BxSxT &= view[1]
     scores = jnp.where(mask_BxSxT[:, None, None], scores, _MASKED)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_BxTxKxH.dtype)
     out = jnp.einsum("BKGST,BTKH->BSKGH", probs, v_BxTxKxH).reshape(B, S, N * H)

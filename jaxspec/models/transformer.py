@@ -15,7 +15,8 @@ from jaxspec.models import layers as L
 from jaxspec.models.cache import KVCache
 
 
-def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig):
+def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig, slots=None,
+           view=None):
     gemma = config.arch == "gemma3"
     B, S, D = x.shape
     h = L.rms_norm(x, lp["attn_norm"], config.rms_eps)
@@ -28,10 +29,11 @@ def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig
         q = L.rms_norm(q, lp["q_norm"], config.rms_eps)
         k = L.rms_norm(k, lp["k_norm"], config.rms_eps)
     q, k = L.apply_rope(q, *rope), L.apply_rope(k, *rope)
-    k_cache = L.write_cache(k_cache, k, positions)
-    v_cache = L.write_cache(v_cache, v, positions)
+    at = positions if slots is None else slots
+    k_cache = L.write_cache(k_cache, k, at)
+    v_cache = L.write_cache(v_cache, v, at)
     scale = config.query_scale or config.head_dim ** -0.5
-    attn = L.attention(q, k_cache, v_cache, positions, scale, window)
+    attn = L.attention(q, k_cache, v_cache, positions, scale, window, view)
     attn = L.linear(attn, lp["wo"].reshape(-1, D))
     if gemma:
         attn = L.rms_norm(attn, lp["post_attn_norm"], config.rms_eps)
@@ -45,12 +47,16 @@ def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig
 
 
 def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCache,
-            layers: tuple[int, ...] | None = None, features: bool = False):
+            layers: tuple[int, ...] | None = None, features: bool = False, slots_BxS=None,
+            tree=None, keep_L=None):
     """Logits [batch, seq, vocab] (float32) and the updated cache; with `features`, also the last
     layer's output before the final norm [batch, seq, hidden] (what hidden-state drafters read).
 
     `layers` (static) runs only those layers, in order, for self-speculative drafting; the cache
     then holds one entry per listed layer. Positions at or past the cache length are not written.
+    Tokens go to the slots of their positions, or to `slots_BxS`; `tree` = (base_B, depth_M,
+    visible_SxM) says the cache holds a token tree (`layers.tree_view`). `keep_L` (bool [layers],
+    data) passes a skipped layer's input through: one compiled function for every skip set.
     """
     layer_ids = tuple(range(config.num_layers)) if layers is None else tuple(layers)
     if cache.num_layers != len(layer_ids):
@@ -66,12 +72,14 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
         config.head_dim, config.rope_theta, config.rope_scaling))
     rope_local = L.rope_angles(positions_BxS, L.rope_inv_freq(
         config.head_dim, config.rope_local_theta, None))
+    view = None if tree is None else L.tree_view(cache.max_len, *tree)
     keys, values = [], []
     for c, i in enumerate(layer_ids):
         rope = rope_local if config.sliding_layers[i] else rope_global
         window = config.sliding_window if config.sliding_layers[i] else None
-        x, k, v = _layer(x, params["layers"][i], cache.keys[c], cache.values[c], positions_BxS,
-                         rope, window, config)
+        y, k, v = _layer(x, params["layers"][i], cache.keys[c], cache.values[c], positions_BxS,
+                         rope, window, config, slots_BxS, view)
+        x = y if keep_L is None else jnp.where(keep_L[i], y, x)
         keys.append(k)
         values.append(v)
     logits = head(params, config, x)

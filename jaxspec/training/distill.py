@@ -9,7 +9,9 @@ Generation is continuously batched (`runner.Decoder.stream`): `batch_size` rows 
 and a finished row's slot takes the next prompt at once (across shards of one temperature), so no
 row waits for the longest one of its batch. Each prompt samples with its own key, derived from
 (shard seed, prompt index): its response does not depend on the slot or step it lands in, and a
-greedy response is that of `generate` on the prompt alone.
+greedy response is that of `generate` on the prompt alone. A target split over a mesh of this
+process's devices (`loading.shard`; `recipe.run_distill` does so) decodes its rows data parallel
+over the mesh and writes the same shards.
 """
 
 from __future__ import annotations

@@ -27,13 +27,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec import sharding
 from jaxspec.config import ModelConfig
 from jaxspec.errors import UserError
 from jaxspec.files import write_atomic
 from jaxspec.checkpoints import heads as ckpt_heads
 from jaxspec.decoding import hidden
 from jaxspec.decoding.drafters import Drafter
-from jaxspec.training import data, distill, drafter_init, heads, sharding, trainer
+from jaxspec.training import data, distill, drafter_init, heads, trainer
 
 DISTILL_KEYS = ("temperatures", "max_new_tokens", "block_size", "batch_size", "top_k", "top_p",
                 "stop")
@@ -139,6 +140,11 @@ def run_distill(cfg: dict, generate_fn: Callable | None = None) -> Path:
     check_config(cfg)
     sharding.init_distributed(cfg.get("distributed"))
     target = load_target(cfg["target"], cfg.get("dtype", "float32"))
+    if jax.local_device_count() > 1 and generate_fn is None:
+        # Each process decodes its shards with its own devices, rows split over them.
+        from jaxspec.loading import shard
+
+        target = shard(target, sharding.make_mesh(devices=jax.local_devices()))
     dcfg = cfg["distill"]
     prompts = _cached_prompts(cfg, target, generate_fn)
     return distill.distill(target, prompts, dcfg["out_dir"], seed=cfg.get("seed", 0),

@@ -30,7 +30,7 @@ from jaxspec.decoding.drafters import model_drafter
 from jaxspec.decoding.runner import speculative_generate
 from jaxspec.errors import UserError
 from jaxspec.loading import Model, forward_logits
-from jaxspec.training import sharding as shd
+from jaxspec import sharding as shd
 from jaxspec.training.data import Batches
 from jaxspec.training.losses import loss_fn_by_name
 

@@ -12,7 +12,8 @@ import pytest
 
 from jaxspec import cli
 
-SUBCOMMANDS = ("generate", "distill", "train", "bench", "report", "export", "demo")
+SUBCOMMANDS = ("generate", "distill", "train", "bench", "report", "export", "demo",
+               "tune-layer-skip")
 
 
 def jaxspec_cmd(*args, timeout=300) -> subprocess.CompletedProcess:
@@ -184,6 +185,26 @@ def test_bench_writes_answers_and_report(tiny_model, questions, tmp_path, capsys
         assert name in report
     results = json.loads((out_dir / "results.json").read_text())
     assert f"{tiny_model} (bfloat16)" in results
+
+
+def test_tune_layer_skip_writes_a_bench_config_that_runs(tiny_model, questions, tmp_path,
+                                                         capsys, monkeypatch):
+    import yaml
+
+    from jaxspec.decoding import profile
+
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(profile, "bandwidth_gbs", lambda: 10.0)  # not what this test checks
+    out = tmp_path / "skip.yaml"
+    cli.main(["tune-layer-skip", "--model", str(tiny_model), "--questions", str(questions),
+              "--limit", "2", "--max-new-tokens", "8", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "skip  1 " in printed and "measured: " in printed and f"wrote {out}" in printed
+    cfg = yaml.safe_load(out.read_text())
+    assert cfg["target"] == str(tiny_model) and cfg["limit"] == 2
+    assert cfg["methods"][0] == "ar" and cfg["methods"][1] in ("layerskip:0", "layerskip:1")
+    cli.main(["bench", "--config", str(out), "--out-dir", str(tmp_path / "bench")])
+    assert "layerskip" in capsys.readouterr().out
 
 
 # Each bad input, run once as a subprocess (the exit status and stderr a user sees); the tests

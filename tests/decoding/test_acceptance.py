@@ -41,7 +41,7 @@ def test_accept_gamma1_rate_and_output_distribution(s):
     draft_Bx1 = jax.random.categorical(k_draft, jnp.log(q_V), shape=(B, 1)).astype(jnp.int32)
     logits = jnp.broadcast_to(jnp.stack([P_LOGITS, BONUS_LOGITS]), (B, 2, V))
     q = DraftProbs(jnp.broadcast_to(q_V, (B, 1, V)))
-    n_B, emitted = jax.device_get(accept(k_acc, logits, draft_Bx1, q, s))
+    n_B, emitted, _ = jax.device_get(accept(k_acc, logits, draft_Bx1, q, s))
 
     beta = float(np.minimum(p, np.asarray(q_V, np.float64)).sum())
     assert 0.1 < beta < 0.9  # both outcomes are common
@@ -66,7 +66,7 @@ def test_accept_gamma3_run_lengths():
     draft = jax.random.categorical(k_draft, jnp.log(q_V), shape=(B, G)).astype(jnp.int32)
     logits = jnp.broadcast_to(jnp.asarray(P_LOGITS), (B, G + 1, V))
     q = DraftProbs(jnp.broadcast_to(q_V, (B, G, V)))
-    n_B, _ = jax.device_get(accept(k_acc, logits, draft, q, s))
+    n_B, _, _ = jax.device_get(accept(k_acc, logits, draft, q, s))
     for k in range(1, G + 1):
         want = beta ** k
         assert abs((n_B >= k).mean() - want) < 5 * math.sqrt(want * (1 - want) / B)
@@ -89,8 +89,8 @@ def test_sparse_q_decides_as_its_dense_form(kind):
         sparse = DraftProbs(jnp.ones((B, G, 1)), draft[..., None])
         dense = DraftProbs(jax.nn.one_hot(draft, V))
     logits = jnp.broadcast_to(jnp.stack([P_LOGITS, BONUS_LOGITS, P_LOGITS]), (B, G + 1, V))
-    n_dense, out_dense = jax.device_get(accept(k_acc, logits, draft, dense, s))
-    n_sparse, out_sparse = jax.device_get(accept(k_acc, logits, draft, sparse, s))
+    n_dense, out_dense, _ = jax.device_get(accept(k_acc, logits, draft, dense, s))
+    n_sparse, out_sparse, _ = jax.device_get(accept(k_acc, logits, draft, sparse, s))
     assert 0 < n_dense.mean() < G  # rejections and acceptances both happen
     np.testing.assert_array_equal(n_sparse, n_dense)
     np.testing.assert_array_equal(out_sparse, out_dense)
@@ -149,7 +149,7 @@ def test_accept_greedy_is_prefix_match():
     drafts = np.array([[1, 2, 3], [0, 1, 0], [0, 3, 2], [2, 0, 2]], np.int32)
     logits = np.full((4, G + 1, V), -1.0, np.float32)
     np.put_along_axis(logits, argmax[..., None], 3.0, axis=-1)
-    n_B, emitted = jax.device_get(accept(jax.random.key(0), jnp.asarray(logits),
+    n_B, emitted, _ = jax.device_get(accept(jax.random.key(0), jnp.asarray(logits),
                                          jnp.asarray(drafts), None, Sampling(0.0)))
     assert n_B.tolist() == [3, 1, 0, 1]
     for b, n in enumerate(n_B):
@@ -159,7 +159,7 @@ def test_accept_greedy_is_prefix_match():
 
 def test_accept_gamma0_is_one_target_step():
     logits = jnp.asarray([[[0.0, 5.0, 1.0]], [[3.0, 0.0, 1.0]]])
-    n_B, emitted = accept(jax.random.key(0), logits, jnp.zeros((2, 0), jnp.int32), None,
+    n_B, emitted, _ = accept(jax.random.key(0), logits, jnp.zeros((2, 0), jnp.int32), None,
                           Sampling(0.0))
     assert n_B.tolist() == [0, 0] and emitted[:, 0].tolist() == [1, 0]
 

@@ -40,6 +40,28 @@ def test_a_useless_drafter_falls_back_to_plain_steps(target, far_model, plain):
     assert np.mean([d for row in res.draft_lengths for d in row]) < 0.5
 
 
+def test_a_drafter_the_prior_never_picks_is_not_run(target, far_model, plain, monkeypatch):
+    """Under steep costs the prior acceptance (1/2) picks no draft, and only drafting would
+    move it: the call decodes without the drafter (no drafter prefill, exactly plain steps)."""
+    import jax
+
+    from jaxspec.decoding import drafters, runner
+
+    def refuse(*a, **kw):
+        raise AssertionError("the drafter ran")
+
+    monkeypatch.setattr(drafters.ModelSpec, "init", refuse)
+    runner._DECODER.clear()  # earlier tests compiled these calls: trace them again
+    jax.clear_caches()
+    res = jaxspec.speculative_generate(target, far_model, PROMPTS, gamma="auto", gamma_max=4,
+                                       costs=STEEP, max_new_tokens=[24, 17, 30])
+    assert res.token_ids == plain.token_ids
+    assert res.accept_lengths == plain.accept_lengths and res.acceptance_rate == 0.0
+    with pytest.raises(AssertionError, match="the drafter ran"):
+        jaxspec.speculative_generate(target, far_model, PROMPTS, gamma="auto", gamma_max=4,
+                                     costs=FLAT, max_new_tokens=3)
+
+
 def test_a_perfect_drafter_reaches_the_longest_draft(target):
     res = jaxspec.speculative_generate(target, target, PROMPTS, gamma="auto", gamma_max=4,
                                        costs=FLAT, max_new_tokens=40)

@@ -63,3 +63,13 @@ def test_plan_drafter_measures_acceptance_of_a_perfect_drafter(tmp_path, monkeyp
     store.save(tmp_path / "m", model.params, model.config)
     with pytest.raises(SystemExit, match="give --drafter"):
         cli.main(["plan", "--model", str(tmp_path / "m")])
+
+
+@pytest.mark.parametrize("costs,lengths", [
+    ((1.0, 1.6, 2.0, 2.4, 2.8), (0, 1, 2, 3, 4)),  # every length costs more: a branch each
+    ((1.0, 1.05, 1.1, 1.15, 1.2), (0, 2, 4)),  # 3 costs within 5% of 4, 1 within 5% of 2
+    ((1.0, 1.01, 1.02, 1.03), (3,)),  # flat: one branch, no switch
+    ((1.0,), (0,)),
+])
+def test_branch_lengths_merge_lengths_of_nearly_equal_cost(costs, lengths):
+    assert P.branch_lengths(costs) == lengths

@@ -175,3 +175,25 @@ def test_local_two_processes_run_the_tiny_recipe(tmp_path):
                   if p.name.isdigit()) == ["1", "2"]
     assert (workdir / "drafter" / "jaxspec.json").is_file()
     assert not (workdir / "drafter.tmp").exists()
+
+
+# --- decoding over a mesh --------------------------------------------------------------------
+
+def test_decode_and_bench_entry_points_dry_run():
+    """generate and bench reach every TPU worker / SLURM task with the mesh and distributed=auto,
+    and the jaxspec command accepts --mesh."""
+    out = run(LAUNCH / "tpu_pod.sh", "--name", "v5e-8", "--zone", "z", "--dry-run", "--no-install",
+              "generate", "--model", "/mnt/llama-7b", "--mesh", "1,1,8", "--prompt", "Hallo").stdout
+    remote = next(a for a in shlex.split(out) if a.startswith("--command="))
+    cmd = shlex.split(remote.split(" && ")[-1])
+    assert cmd[3:] == ["generate", "--model", "/mnt/llama-7b", "--mesh", "1,1,8", "--prompt",
+                       "Hallo", "distributed=auto"]
+    out = run(LAUNCH / "slurm_gpu.sbatch", "--dry-run", "bench", "--target", "/data/llama-7b",
+              "--mesh", "1,1,8", env={"SLURM_JOB_ID": "", "JAXSPEC": ""}).stdout
+    argv = shlex.split([ln for ln in out.splitlines() if not ln.startswith("#")][0])
+    assert argv[argv.index("jaxspec"):] == ["jaxspec", "bench", "--target", "/data/llama-7b",
+                                            "--mesh", "1,1,8", "distributed=auto"]
+    from jaxspec.cli import parser
+
+    for sub in ("generate", "bench"):
+        assert parser().parse_args([sub, "--mesh", "2,1,4"]).mesh == "2,1,4"

@@ -23,7 +23,8 @@ from jaxspec.config import ModelConfig
 from jaxspec.decoding import hidden
 from jaxspec.loading import Model
 from jaxspec.models.params import param_shapes
-from jaxspec.training import data, heads, sharding, trainer
+from jaxspec import sharding
+from jaxspec.training import data, heads, trainer
 
 TINY = ModelConfig(arch="llama", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=8, intermediate_size=64, max_position=512)

@@ -23,7 +23,8 @@ import numpy as np
 from jaxspec.config import ModelConfig
 from jaxspec.loading import Model
 from jaxspec.models.params import param_shapes
-from jaxspec.training import data, sharding, trainer
+from jaxspec import sharding
+from jaxspec.training import data, trainer
 
 TINY = ModelConfig(arch="llama", vocab_size=264, hidden_size=64, num_layers=2, num_heads=8,
                    num_kv_heads=4, head_dim=8, intermediate_size=128, max_position=256,

@@ -18,7 +18,8 @@ from jaxspec.decoding import hidden
 from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache
 from jaxspec.models.transformer import forward
-from jaxspec.training import drafter_init, heads, recipe, sharding, trainer
+from jaxspec import sharding
+from jaxspec.training import drafter_init, heads, recipe, trainer
 from jaxspec.training.data import Batches
 
 CONFIGS = Path(__file__).parents[2] / "configs"

@@ -11,7 +11,8 @@ import pytest
 from jax.sharding import AbstractMesh
 
 from jaxspec.loading import Model
-from jaxspec.training import data, losses, sharding, trainer
+from jaxspec import sharding
+from jaxspec.training import data, losses, trainer
 
 
 @pytest.fixture(scope="module")
