@@ -157,9 +157,9 @@ def cmd_demo(args):
     from jaxspec import demo
 
     o = _options(args, {"target": "gemma3-270m", "gamma": "auto", "max_new_tokens": 48,
-                        "dtype": "bfloat16"})
+                        "dtype": "bfloat16", "repeats": 3})
     rows = demo.run(o["target"], o.get("drafter"), o["gamma"], o["max_new_tokens"],
-                    dtype=o["dtype"])
+                    dtype=o["dtype"], repeats=int(o["repeats"]))
     if not all(r["identical"] for r in rows):
         raise SystemExit(1)
 
@@ -314,6 +314,8 @@ def parser() -> argparse.ArgumentParser:
                                      "detected language, n-gram lookup for the others")
     d.add_argument("--gamma", type=_gamma, help="draft length, or auto")
     d.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
+    d.add_argument("--repeats", type=int, help="decodings of each sentence each way; tokens/s "
+                                               "from the fastest (default 3)")
     d.set_defaults(func=cmd_demo)
 
     f = sub.add_parser("profile", help="cost of verifying S positions, drafter cost, roofline")
