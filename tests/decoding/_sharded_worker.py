@@ -20,7 +20,7 @@ import numpy as np
 
 import jaxspec
 from jaxspec import sharding
-from jaxspec.decoding import speculative
+from jaxspec.decoding import hidden, speculative
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.errors import UserError
 from jaxspec.loading import Model, shard
@@ -52,13 +52,19 @@ def models(config, seed):
 
 
 def decode(target, drafter, method, temperature=0.0):
-    """Token ids of one method: ar, model, layerskip or ngram."""
+    """Token ids of one method: ar, model, layerskip, ngram, eagle (a hidden-state head) or tree
+    (the model drafter over a token tree)."""
     kw = dict(max_new_tokens=NEW, temperature=temperature, seed=5)
     if method == "ar":
         return jaxspec.generate(target, PROMPTS, **kw).token_ids
+    if method == "tree":
+        return jaxspec.speculative_generate(target, jaxspec.model_drafter(drafter), PROMPTS,
+                                            tree=[(0,), (1,), (0, 0), (1, 0)], **kw).token_ids
     d = {"model": lambda: jaxspec.model_drafter(drafter),
          "layerskip": lambda: jaxspec.layer_skip_drafter(target, [1]),
-         "ngram": lambda: jaxspec.ngram_drafter(2)}[method]()
+         "ngram": lambda: jaxspec.ngram_drafter(2),
+         "eagle": lambda: hidden.hidden_drafter(target, "eagle", hidden.head_params(
+             "eagle", target.config, 4, jax.random.key(8), target.params))}[method]()
     return jaxspec.speculative_generate(target, d, PROMPTS, gamma=3, **kw).token_ids
 
 
@@ -162,11 +168,13 @@ def main():
     result = {}
     if mode == "meshes":
         sampled = [("llama", "model", 1.0)]
+        later = [("llama", "eagle", 0.0), ("llama", "tree", 0.0)]  # hidden state, token tree
         gemma = [("gemma", m, 0.0) for m in METHODS]
-        result["ref"] = runs([("llama", m, 0.0) for m in METHODS] + sampled + gemma)
+        result["ref"] = runs([("llama", m, 0.0) for m in METHODS] + sampled + gemma + later)
         result["mesh"] = {str(dims): runs([("llama", m, 0.0) for m in ms], mesh_of(dims))
                           for dims, ms in LLAMA_CASES.items()}
         result["mesh"]["(2, 1, 4) sampled"] = runs(sampled, mesh_of((2, 1, 4)))
+        result["mesh"]["(2, 1, 4) eagle, tree"] = runs(later, mesh_of((2, 1, 4)))
         result["mesh"]["gemma (2, 1, 4)"] = runs(gemma, mesh_of((2, 1, 4)))
         result["mesh"]["gemma (8, 1, 1)"] = runs(gemma, mesh_of((8, 1, 1)))
         result["mesh"]["gemma (1, 1, 8) kv replicated"] = runs(

@@ -25,6 +25,12 @@ def tiny_config(**kw):
     return jaxspec.ModelConfig(**{**base, **kw})
 
 
+def sliding_gemma_config():
+    """A tiny Gemma 3 whose first and last layers see a window of 4 positions."""
+    return tiny_config(arch="gemma3", num_layers=3, layer_types=("sliding", "full", "sliding"),
+                       sliding_window=4, query_scale=0.3, rope_local_theta=100.0)
+
+
 def tiny_model(cfg, seed, name="t", std=0.5):
     return jaxspec.Model(cfg, init_params(cfg, jax.random.key(seed), std=std), None, name)
 
@@ -58,7 +64,8 @@ def subset_head_drafter(model, vocab_ids, seed=3, scale=0.3):
 def tiny():
     """The helpers above, for test modules (which cannot import conftest by name)."""
     return types.SimpleNamespace(config=tiny_config, model=tiny_model, perturbed=perturbed,
-                                 subset_head_drafter=subset_head_drafter)
+                                 subset_head_drafter=subset_head_drafter,
+                                 sliding_gemma_config=sliding_gemma_config)
 
 
 @pytest.fixture(scope="session")
@@ -89,3 +96,13 @@ def small_target():
 def small_drafter(small_target):
     """A noisy copy: it agrees with `small_target` on roughly a third of the mass."""
     return perturbed(small_target, 22, 0.5, name="draft")
+
+
+@pytest.fixture(scope="module")
+def stop(free):
+    """A token that row 0 of the module's continuations `free` emits mid-way and some other row
+    never emits: it ends row 0 early and leaves another row to its budget."""
+    for i, tok in enumerate(free[0][2:-2], start=2):
+        if free[0].index(tok) == i and any(tok not in row for row in free[1:]):
+            return tok
+    raise AssertionError("no usable stop token in the reference continuation")

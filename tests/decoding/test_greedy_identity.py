@@ -58,15 +58,6 @@ def test_generate_matches_stepwise_argmax(target, free):
 
 
 @pytest.fixture(scope="module")
-def stop(free):
-    """A token that row 0 emits mid-way and that some other row never emits."""
-    for i, tok in enumerate(free[0][2:-2], start=2):
-        if free[0].index(tok) == i and any(tok not in row for row in free[1:]):
-            return tok
-    raise AssertionError("no usable stop token in the reference continuation")
-
-
-@pytest.fixture(scope="module")
 def reference(target, free, stop):
     res = jaxspec.generate(target, PROMPTS, MAX_NEW, stop=stop)
     expected = [_cut_at(row, stop) for row in free]
@@ -127,8 +118,7 @@ def test_single_prompt_matches_generate(target, drafters, kind, gamma):
 def test_gemma3_sliding_window_matches_generate(tiny):
     """Interleaved sliding (window 4) and full layers, own query scale and local rope base:
     rolling back rejected drafts must not disturb what a sliding layer sees."""
-    cfg = tiny.config(arch="gemma3", num_layers=3, layer_types=("sliding", "full", "sliding"),
-                      sliding_window=4, query_scale=0.3, rope_local_theta=100.0)
+    cfg = tiny.sliding_gemma_config()
     target = tiny.model(cfg, 10, "gemma")
     prompts = [[4, 8, 15, 16, 23, 42, 4, 8, 15, 16, 23], [9, 1]]
     ref = jaxspec.generate(target, prompts, max_new_tokens=[20, 27])

@@ -221,14 +221,6 @@ def free(target):
 
 
 @pytest.fixture(scope="module")
-def stop(free):
-    for i, tok in enumerate(free[0][2:-2], start=2):
-        if free[0].index(tok) == i and any(tok not in row for row in free[1:]):
-            return tok
-    raise AssertionError("no usable stop token")
-
-
-@pytest.fixture(scope="module")
 def reference(target, free, stop):
     res = jaxspec.generate(target, PROMPTS, MAX_NEW, stop=stop)
     assert len(res.token_ids[0]) < MAX_NEW[0]
@@ -281,8 +273,7 @@ def test_single_prompt_and_trees_gain_more_than_chains(target, drafters, stop):
 
 def test_gemma3_sliding_window_tree(tiny):
     """Sliding layers (window 4) see tree nodes by their positions, not their scratch slots."""
-    cfg = tiny.config(arch="gemma3", num_layers=3, layer_types=("sliding", "full", "sliding"),
-                      sliding_window=4, query_scale=0.3, rope_local_theta=100.0)
+    cfg = tiny.sliding_gemma_config()
     target = tiny.model(cfg, 10, "gemma")
     prompts = [[4, 8, 15, 16, 23, 42, 4, 8, 15, 16, 23], [9, 1]]
     ref = jaxspec.generate(target, prompts, max_new_tokens=[20, 27])
