@@ -1,5 +1,9 @@
 """jaxspec: fast multilingual LLM inference with speculative decoding and specialised drafters."""
 
+from jaxspec.cpu_flags import set_exact_cpu_flags
+
+set_exact_cpu_flags()  # before JAX starts: see jaxspec/cpu_flags.py
+
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.drafters import layer_skip_drafter, model_drafter, ngram_drafter
 from jaxspec.decoding.hidden import hidden_drafter

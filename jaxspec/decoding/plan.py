@@ -79,10 +79,18 @@ def plan(accept_G, costs: dict, c: float, gammas) -> Plan:
                 [float(a) for a in np.atleast_1d(accept_G)], float(c))
 
 
+# The acceptance prior: 0.4 of a try at 1/2. Light, so that misses can take a row to gamma 0
+# even when drafting is nearly free (a prior of 1 in 2 kept every row at >= 1/12, so drafting,
+# under bfloat16's flat costs). A row that stops drafting forgets its misses (the estimate
+# decays) and probes again: with a useless drafter, on ~1/3 of steps when a draft pays from 5%.
+PRIOR_ACCEPTED, PRIOR_TRIED = 0.2, 0.4
+
+
 def choose_gamma(accepted_B, drafted_B, costs_G1):
     """Per row, the draft length 0..G of the highest expected speedup, from the row's acceptance
-    estimated as (accepted + 1) / (drafted + 2) and the step cost of each length `costs_G1`."""
-    alpha_B = (accepted_B + 1.0) / (drafted_B + 2.0)
+    estimated as (accepted + PRIOR_ACCEPTED) / (drafted + PRIOR_TRIED) and the step cost of each
+    length `costs_G1`."""
+    alpha_B = (accepted_B + PRIOR_ACCEPTED) / (drafted_B + PRIOR_TRIED)
     g_G1 = jnp.arange(len(costs_G1))
     tokens_BxG1 = jnp.cumsum(alpha_B[:, None] ** g_G1, axis=1)  # 1 + a + ... + a^g
     return jnp.argmax(tokens_BxG1 / jnp.asarray(costs_G1, jnp.float32), axis=1).astype(jnp.int32)

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from jaxspec.config import RopeScaling
 from jaxspec.errors import UserError
 
+MIN_ROWS = 3  # bfloat16 products on CPU run at least this many rows (see `linear`)
 _MASKED = -1e30  # finite, so a fully masked (padding) query gives a uniform softmax, not NaN
 
 
@@ -19,10 +20,13 @@ def linear(x_BxSxD, w, w_in_axis: int = 0):
     output head). Every weight product of the model goes through here.
 
     On CPU, XLA runs bfloat16 products over two or more rows in a library GEMM (YNNPACK) that is
-    nearly flat from 2 to 16 rows, but a single row in a slow loop (about 10x the two-row time),
-    so one row is padded to two. A [F, D] weight streams near memory bandwidth when it is the
-    left operand and the [F, rows] result is transposed after a barrier (Gemma 3's head: 15 ms
-    against 23 ms as the right operand). Float32 takes XLA's choice: a matrix-vector product near
+    nearly flat from 2 to 16 rows, but a single row in a slow loop (about 10x the two-row time).
+    Its kernel for two rows rounds differently from the one for three or more, so fewer rows are
+    padded to `MIN_ROWS`: a row's result is then the same whatever the row count, and a verify
+    pass picks the tokens one-position steps pick (tests/models/test_row_invariance.py). A
+    [F, D] weight streams near memory bandwidth when it is the left operand and the [F, rows]
+    result is transposed after a barrier (Gemma 3's head: 15 ms against 23 ms as the right
+    operand). Float32 takes XLA's choice: a matrix-vector product near
     memory bandwidth for one row, a GEMM for more. Other backends: a plain dot.
     """
     B, S, D = x_BxSxD.shape
@@ -31,7 +35,7 @@ def linear(x_BxSxD, w, w_in_axis: int = 0):
         y_RxF = jax.lax.dot_general(x_RxD, w, (((1,), (w_in_axis,)), ((), ())),
                                     preferred_element_type=jnp.float32)
         return y_RxF.reshape(B, S, -1)
-    x_PxD = jnp.concatenate([x_RxD, jnp.zeros_like(x_RxD)]) if B * S == 1 else x_RxD
+    x_PxD = jnp.pad(x_RxD, ((0, max(0, MIN_ROWS - B * S)), (0, 0)))
     if w_in_axis == 1:
         y_FxP = jax.lax.dot_general(w, x_PxD, (((1,), (1,)), ((), ())),
                                     preferred_element_type=jnp.float32)

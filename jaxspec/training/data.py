@@ -125,9 +125,13 @@ def split_sentences(text: str, min_chars: int = 4) -> list[str]:
 
 def self_generated(model, language: str, num_texts: int, generate_fn: Callable | None = None,
                    seed: int = 0, max_new_tokens: int = 128, temperature: float = 1.0,
-                   batch_size: int = 8, chat: bool = False, min_chars: int = 4) -> list[dict]:
+                   batch_size: int = 8, chat: bool = False, min_chars: int = 4,
+                   max_chars: int = 300, check_language: bool = True) -> list[dict]:
     """Monolingual text the model writes in `language` from seed prompts (one paragraph per
-    prompt, split into sentences), so a recipe runs offline with no corpus."""
+    prompt, split into sentences), so a recipe runs offline with no corpus. Sentences are kept
+    once each, between `min_chars` and `max_chars` long, and (`check_language`) only those
+    lingua detects as `language` (`routing.detect_language`), so a base model drifting into
+    English or markup does not become a source sentence."""
     generate_fn = generate_fn or generate
     lang = language_name(language)
     if chat or language not in NATIVE_SEEDS:
@@ -144,6 +148,15 @@ def self_generated(model, language: str, num_texts: int, generate_fn: Callable |
                           temperature=temperature, seed=seed + start, chat=chat)
         for text in out.texts:
             records.extend({"text": s} for s in split_sentences(text, min_chars))
+    records = [r for r in {r["text"]: r for r in records}.values() if len(r["text"]) <= max_chars]
+    if check_language and records:
+        from jaxspec.decoding.routing import detect_language
+
+        found = detect_language([r["text"] for r in records])
+        kept = [r for r, code in zip(records, found) if code == language]
+        print(f"jaxspec: {len(kept)} of {len(records)} {lang} sentences kept (distinct, "
+              f"{min_chars}-{max_chars} chars, detected as {language})", file=sys.stderr)
+        records = kept
     return records
 
 

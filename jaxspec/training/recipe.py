@@ -11,7 +11,9 @@ Keys (see configs/*.yaml):
            partial (train on the shards finished so far)},
   drafter: {init: target | random, num_layers, config: {ModelConfig overrides}, head_vocab_size}
            for a model drafter, or {kind: medusa | hydra | eagle, depth, head_vocab_size, gamma,
-           reg_weight} for a hidden-state head (`run_train_head`),
+           reg_weight, generic} for a hidden-state head (`run_train_head`; `generic`: a saved
+           generic head to finetune, e.g. another pair's `drafter-generic`, instead of a
+           pretrain stage),
   train: {workdir, ...TrainSettings shared by both stages, pretrain: {...}, finetune: {...}}.
 A stage runs when its `steps` > 0. The drafter is saved to `<workdir>/drafter`.
 """
@@ -61,7 +63,7 @@ def check_config(cfg: dict) -> None:
     unknown("distill", cfg["distill"], ("out_dir", "partial", *DISTILL_KEYS))
     drafter = cfg.get("drafter", {})
     unknown("drafter", drafter, ("init", "num_layers", "config", "head_vocab_size", "kind",
-                                 "depth", "gamma", "reg_weight"))
+                                 "depth", "gamma", "reg_weight", "generic"))
     if drafter.get("kind", "model") not in ("model", *hidden.KINDS):
         raise UserError(f"drafter.kind must be 'model' or one of {hidden.KINDS}")
     unknown("drafter.config", drafter.get("config", {}), ModelConfig.__dataclass_fields__)
@@ -69,6 +71,9 @@ def check_config(cfg: dict) -> None:
         raise UserError("recipe: data.prompts (the distillation prompts) is missing")
     if stage_settings(cfg, "pretrain") and "pretrain" not in cfg["data"]:
         raise UserError("recipe: train.pretrain has steps but data.pretrain is missing")
+    if drafter.get("generic") and stage_settings(cfg, "pretrain"):
+        raise UserError("recipe: drafter.generic is the pretrained head; set train.pretrain "
+                        "steps to 0")
     for stage in ("pretrain", "finetune"):
         s = stage_settings(cfg, stage)
         if s is not None and drafter.get("kind", "model") != "model" and s.loss != "ce":
@@ -256,6 +261,20 @@ def features_dir(cfg: dict) -> Path:
     return Path(cfg["distill"]["out_dir"]).parent / "features"
 
 
+def _generic_head(path, kind: str, depth: int, target, fresh: dict) -> dict:
+    """The head saved at `path`, checked to be a `kind` head of `depth` for `target` with the
+    shapes of a `fresh` one."""
+    meta, head = ckpt_heads.load(path)
+    ckpt_heads.check_target(meta, target, path)
+    if (meta["kind"], meta["depth"]) != (kind, depth):
+        raise UserError(f"drafter.generic {path} is a {meta['kind']} head of depth "
+                        f"{meta['depth']}; this recipe trains {kind} of depth {depth}")
+    if jax.tree.structure(head) != jax.tree.structure(fresh) or any(
+            a.shape != b.shape for a, b in zip(jax.tree.leaves(head), jax.tree.leaves(fresh))):
+        raise UserError(f"drafter.generic {path} has other weights than a {kind} head")
+    return head
+
+
 def run_train_head(cfg: dict, target, workdir: Path, speculative_fn: Callable | None,
                    generate_fn: Callable | None) -> Path:
     """A hidden-state head (drafter.kind): pretrained on `data.pretrain` text (the generic head,
@@ -270,6 +289,8 @@ def run_train_head(cfg: dict, target, workdir: Path, speculative_fn: Callable | 
     spec = hidden.HiddenSpec(kind, target.config, depth)
     head = jax.device_get(hidden.head_params(kind, target.config, depth, jax.random.key(seed),
                                              target.params))
+    if dcfg.get("generic"):
+        head = _generic_head(dcfg["generic"], kind, depth, target, head)
     eval_prompts = (_cached_source(cfg, "eval", workdir / "eval_prompts.json",
                                    lambda: _prompts(cfg, "eval", target, generate_fn))
                     if "eval" in cfg["data"] else [])

@@ -81,18 +81,31 @@ def test_self_generated_text_uses_the_generate_function():
         return FakeResult([f"Satz {i}. Noch einer!" for i in range(len(prompts))])
 
     records = data.self_generated("MODEL", "de", 3, fake_generate, seed=5, batch_size=2,
-                                  max_new_tokens=7)
-    assert [r["text"] for r in records] == ["Satz 0.", "Noch einer!", "Satz 1.", "Noch einer!",
-                                            "Satz 0.", "Noch einer!"]
+                                  max_new_tokens=7, check_language=False)
+    assert [r["text"] for r in records] == ["Satz 0.", "Noch einer!", "Satz 1."]  # once each
     # A base model continues a header written in the language itself.
     assert calls[0][0] == [data.NATIVE_SEEDS["de"]] * 2
     assert [c[1]["seed"] for c in calls] == [5, 7]
     assert all(c[1]["max_new_tokens"] == 7 and c[1]["temperature"] == 1.0 for c in calls)
     # An instruction-tuned one (chat) is asked in English, topic by topic.
     calls.clear()
-    data.self_generated("MODEL", "de", 2, fake_generate, chat=True)
+    data.self_generated("MODEL", "de", 2, fake_generate, chat=True, check_language=False)
     assert calls[0][0] == ["Write a short paragraph in German about the weather.",
                            "Write a short paragraph in German about a football match."]
+
+
+def test_self_generated_text_keeps_distinct_sentences_of_its_language():
+    """A base model drifts: English, repeats, runaway lines. Only distinct French sentences
+    within the length limit stay (lingua decides the language)."""
+    paragraph = ("Le marché de la ville ouvre tous les samedis matin. The weather was nice "
+                 "and everyone went outside. Le marché de la ville ouvre tous les samedis matin. "
+                 + "Les enfants jouent dans le parc " * 12 + ".")
+
+    def fake_generate(model, prompts, **kw):
+        return FakeResult([paragraph] * len(prompts))
+
+    records = data.self_generated("MODEL", "fr", 2, fake_generate, batch_size=2, max_chars=200)
+    assert [r["text"] for r in records] == ["Le marché de la ville ouvre tous les samedis matin."]
 
 
 def _fake_tfds(monkeypatch, examples):

@@ -308,7 +308,7 @@ def _eagle_config(tmp_path, *overrides):
     return cfg
 
 
-def test_tiny_eagle_recipe_end_to_end(tmp_path):
+def test_tiny_eagle_recipe_end_to_end(tmp_path, monkeypatch):
     # The head's loss is its own (cross-entropy + feature regression): a teacher loss is refused
     # before anything runs.
     with pytest.raises(UserError, match="finetune.*loss"):
@@ -350,3 +350,25 @@ def test_tiny_eagle_recipe_end_to_end(tmp_path):
     assert spec.token_ids == greedy.token_ids
     with pytest.raises(UserError, match="needs its target"):
         jaxspec.load_drafter(path)
+
+    # Another pair finetunes this generic head (drafter.generic) instead of pretraining its own.
+    other = _eagle_config(tmp_path, "train.finetune.loss=ce", "distill.temperatures=[0.0]",
+                          f"train.workdir={tmp_path / 'other'}", "train.pretrain.steps=0")
+    other["drafter"]["generic"] = str(tmp_path / "train" / "drafter-generic")
+    generic = recipe._generic_head(other["drafter"]["generic"], "eagle", 4, target, init)
+    np.testing.assert_array_equal(generic["fc"], fc[1])
+    seen, real = [], recipe.trainer.train
+
+    def first_params(s, config, params, *a, **kw):
+        seen.append(np.asarray(params["fc"]))
+        return real(s, config, params, *a, **kw)
+
+    monkeypatch.setattr(recipe.trainer, "train", first_params)
+    recipe.run_train(other)
+    assert len(seen) == 1  # finetune only, from the generic head
+    np.testing.assert_array_equal(seen[0], fc[1])
+    assert ckpt_heads.read_meta(tmp_path / "other" / "drafter")["stage"] == "finetune"
+    with pytest.raises(UserError, match="set train.pretrain steps to 0"):
+        recipe.check_config({**other, "train": {**other["train"], "pretrain": {"steps": 2}}})
+    with pytest.raises(UserError, match="is a eagle head of depth 4; this recipe trains medusa"):
+        recipe._generic_head(other["drafter"]["generic"], "medusa", 4, target, init)

@@ -1,0 +1,87 @@
+"""Bit-exact verification: a row's logits must not depend on how many rows run with it, or a
+verify pass over several positions could pick another token than a one-position step at a
+near-tie (seen in bfloat16 before this held: 1-2 answers in 40 differed from greedy)."""
+
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec import cpu_flags
+from jaxspec.models import layers as L
+from jaxspec.models.cache import init_cache
+from jaxspec.models.transformer import forward
+
+SENTENCE = "Translate German to English: Der alte Fischer verkauft seinen Fang am Hafen.\nEnglish:"
+
+
+@pytest.mark.parametrize("w_in_axis", [0, 1])
+def test_bfloat16_linear_rows_do_not_depend_on_row_count(w_in_axis):
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((1, 9, 640)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((640, 2048) if w_in_axis == 0 else (4096, 640)) * 0.05,
+                    jnp.bfloat16)
+    f = jax.jit(L.linear, static_argnums=2)
+    full = np.asarray(f(x, w, w_in_axis))
+    for rows in range(1, 9):
+        np.testing.assert_array_equal(np.asarray(f(x[:, :rows], w, w_in_axis))[0],
+                                      full[0, :rows], err_msg=f"{rows} rows")
+
+
+def _bf16(model):
+    return replace(model, params=jax.tree.map(lambda p: p.astype(jnp.bfloat16), model.params))
+
+
+@pytest.mark.parametrize("name", ["gemma3", "smollm2"])
+def test_verify_pass_equals_one_position_steps(name, request):
+    """Real model, bfloat16 weights: logits and last-layer features of 6 positions scored in
+    one forward equal, bit for bit, those of 6 one-position steps (the identity speculative
+    decoding rests on), and so do the caches they leave."""
+    model = _bf16(request.getfixturevalue(name))
+    ids = np.asarray(model.tokenizer(SENTENCE)["input_ids"], np.int32)[None]
+    T, S = ids.shape[1], 6
+    P = T - S
+    f = jax.jit(lambda p, t, pos, c: forward(p, model.config, t, pos, c, features=True))
+    cache = init_cache(model.config, 1, 64, jnp.bfloat16)
+    _, cache, _ = f(model.params, jnp.asarray(ids[:, :P]), jnp.arange(P)[None], cache)
+    many_logits, many_cache, many_x = f(model.params, jnp.asarray(ids[:, P:]),
+                                        jnp.arange(P, T)[None], cache)
+    for i in range(P, T):
+        logits, cache, x = f(model.params, jnp.asarray(ids[:, i:i + 1]), jnp.array([[i]]), cache)
+        np.testing.assert_array_equal(np.asarray(logits[0, 0]), np.asarray(many_logits[0, i - P]))
+        np.testing.assert_array_equal(np.asarray(x[0, 0]), np.asarray(many_x[0, i - P]))
+    for a, b in zip(jax.tree.leaves(cache), jax.tree.leaves(many_cache)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _flags_after_import(env):
+    code = ("import warnings, jax; warnings.simplefilter('error')\n"
+            "import jaxspec, os; print(os.environ.get('XLA_FLAGS', ''))")
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXSPEC_CPU_FMA")} | env
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+
+@pytest.mark.skipif(not cpu_flags.applies(), reason="x86 CPUs only")
+def test_import_caps_xla_cpu_isa_unless_told_otherwise():
+    assert _flags_after_import({}).stdout.split() == [cpu_flags.FLAG]
+    kept = "--xla_cpu_max_isa=AVX2 --xla_force_host_platform_device_count=2"
+    assert _flags_after_import({"XLA_FLAGS": kept}).stdout.split() == kept.split()
+    assert _flags_after_import({"JAXSPEC_CPU_FMA": "1"}).stdout.split() == []
+    assert "xla_cpu_max_isa" in os.environ.get("XLA_FLAGS", "")  # this test process too
+
+
+@pytest.mark.skipif(not cpu_flags.applies(), reason="x86 CPUs only")
+def test_import_after_jax_started_warns():
+    code = ("import jax, warnings; jax.devices()\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always'); import jaxspec\n"
+            "print(len(w), 'FMA' in str(w[0].message) if w else '')")
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXSPEC_CPU_FMA")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == ["1", "True"], out.stderr
