@@ -223,6 +223,36 @@ def cmd_tune_layer_skip(args):
     print(f"wrote {out}")
 
 
+def cmd_tune_tree(args):
+    import jaxspec
+    from jaxspec.decoding import profile, tree_search
+    from jaxspec.loading import parse_drafter
+
+    o = _options(args, {"model": "gemma3-270m", "dtype": "float32", "width": 4, "depth": 4,
+                        "budget": 15, "max_new_tokens": 64, "limit": 8, "template": "{prompt}",
+                        "out": "configs/bench/tree.yaml"})
+    if not o.get("drafter") or not (o.get("prompt") or o.get("questions")):
+        raise SystemExit("jaxspec tune-tree: give --drafter and --prompt or --questions")
+    tree_search.positive(width=o["width"], depth=o["depth"])
+    prompts = _prompts(o)
+    model = jaxspec.load(o["model"], dtype=o["dtype"])
+    drafter = parse_drafter(o["drafter"], model)
+    prof = profile.profile(model, o["model"], drafter, o["drafter"])
+    tree_search.check_budget(o["budget"], prof["relative_cost"])
+    acc = tree_search.acceptance(model, drafter, prompts, o["width"], o["depth"],
+                                 o["max_new_tokens"], chat=bool(o.get("chat")), stop=o.get("stop"))
+    print(acc.describe())
+    choice = tree_search.best_tree(acc.p_DxW, prof["relative_cost"], prof["c"], o["budget"])
+    print(choice.describe())
+    run = {k: o[k] for k in ("questions", "template", "stop", "chat", "max_new_tokens", "limit",
+                             "dtype") if o.get(k) is not None}
+    out = Path(o["out"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(tree_search.bench_config(choice, acc, {"target": o["model"], **run},
+                                            o["drafter"]))
+    print(f"wrote {out}")
+
+
 def cmd_distill(args):
     from jaxspec.training import recipe
 
@@ -235,15 +265,16 @@ def cmd_train(args):
     recipe.run_train(_options(args, {}))
 
 
-def _add_prompts(p: argparse.ArgumentParser, limit: int, gamma_max: int):
-    """The target and the prompts a measurement decodes."""
+def _add_prompts(p: argparse.ArgumentParser, limit: int, gamma_max: int | None = None):
+    """The target and the prompts a measurement decodes (and its largest gamma, if any)."""
     p.add_argument("--model", help="target (default gemma3-270m)")
     p.add_argument("--prompt", action="append", help="a prompt to measure on")
     p.add_argument("--questions", help="or a Spec-Bench question.jsonl")
     p.add_argument("--limit", type=int, help=f"prompts used (default {limit})")
     p.add_argument("--template", help="prompt template with {prompt}")
-    p.add_argument("--gamma-max", dest="gamma_max", type=int,
-                   help=f"largest gamma (default {gamma_max})")
+    if gamma_max is not None:
+        p.add_argument("--gamma-max", dest="gamma_max", type=int,
+                       help=f"largest gamma (default {gamma_max})")
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     p.add_argument("--stop", help="stop token (single-token string)")
     p.add_argument("--chat", action="store_true", default=None, help="apply the chat template")
@@ -339,10 +370,22 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--out", help="bench config written (default configs/bench/layer_skip.yaml)")
     t.set_defaults(func=cmd_tune_layer_skip)
 
+    u = sub.add_parser("tune-tree", help="choose a token tree from measured acceptance and "
+                                         "cost; write a bench config")
+    _add_prompts(u, limit=8)
+    u.add_argument("--drafter", help="ngram[:N], layerskip:LAYERS, or a drafter name or path")
+    u.add_argument("--width", type=int, help="candidates measured per node (default 4)")
+    u.add_argument("--depth", type=int, help="depths measured (default 4); the full tree of "
+                                             "width^1 + ... + width^depth nodes is drafted")
+    u.add_argument("--budget", type=int, help="most tree nodes (default 15: the profile "
+                                              "measures verifying up to 16 positions)")
+    u.add_argument("--out", help="bench config written (default configs/bench/tree.yaml)")
+    u.set_defaults(func=cmd_tune_tree)
+
     for s in (g, b):
         s.add_argument("--mesh", help="data,fsdp,tensor device mesh, e.g. 1,1,8 (one size may "
                                       "be -1); params, caches and rows are split over it")
-    for s in (g, b, d, f, n, t):
+    for s in (g, b, d, f, n, t, u):
         s.add_argument("--dtype", choices=("float32", "bfloat16"),
                        help="weight precision (activations stay float32)")
 

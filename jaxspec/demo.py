@@ -29,8 +29,6 @@ def prompt(lang: str, sentence: str) -> str:
     return TEMPLATE.format(lang=lang, src_ex=src_ex, tgt_ex=tgt_ex, src=sentence)
 
 
-# Drafters shipped inside the package, per target and source language (ISO 639-1).
-SHIPPED = {"gemma3-270m": {"de": "gemma3-270m-deen-drafter"}}
 FALLBACK = "ngram:3"  # n-gram prompt lookup: needs no training
 
 
@@ -39,6 +37,8 @@ def make_router(model, target: str, drafter: str | None = None):
     target's shipped drafters and n-gram lookup for the other languages. Every drafter is loaded
     here, so a missing one fails before any decoding."""
     from jaxspec.decoding.routing import Router
+
+    from jaxspec.loading import SHIPPED
 
     if drafter:
         return Router(model, {}, fallback=drafter)

@@ -78,11 +78,18 @@ def _shipped(name: str) -> Callable[[], Path]:
     return path
 
 
+# Drafters shipped inside the package, per target and source language (ISO 639-1): the name
+# "<target>-<lang>en-drafter" is the directory drafters/<target>-<lang>en.
+SHIPPED: dict[str, dict[str, str]] = {
+    "gemma3-270m": {lang: f"gemma3-270m-{lang}en-drafter" for lang in ("de",)},
+}
+
 # Registered names -> a function returning a local path (GGUF file or checkpoint directory).
 REGISTRY: dict[str, Callable[[], Path]] = {
     "smollm2-135m-instruct": _smollm2_path,
     "gemma3-270m": _gemma3_path,
-    "gemma3-270m-deen-drafter": _shipped("gemma3-270m-deen"),
+    **{name: _shipped(name.removesuffix("-drafter"))
+       for langs in SHIPPED.values() for name in langs.values()},
 }
 
 

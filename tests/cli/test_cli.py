@@ -13,7 +13,7 @@ import pytest
 from jaxspec import cli
 
 SUBCOMMANDS = ("generate", "distill", "train", "bench", "report", "export", "demo",
-               "tune-layer-skip")
+               "tune-layer-skip", "tune-tree")
 
 
 def jaxspec_cmd(*args, timeout=300) -> subprocess.CompletedProcess:
@@ -205,6 +205,36 @@ def test_tune_layer_skip_writes_a_bench_config_that_runs(tiny_model, questions, 
     assert cfg["methods"][0] == "ar" and cfg["methods"][1] in ("layerskip:0", "layerskip:1")
     cli.main(["bench", "--config", str(out), "--out-dir", str(tmp_path / "bench")])
     assert "layerskip" in capsys.readouterr().out
+
+
+def test_tune_tree_writes_a_bench_config_that_runs(tiny_model, questions, tmp_path, capsys,
+                                                   monkeypatch):
+    import yaml
+
+    from jaxspec.decoding import profile
+
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(profile, "bandwidth_gbs", lambda: 10.0)  # not what this test checks
+    out = tmp_path / "tree.yaml"
+    cli.main(["tune-tree", "--model", str(tiny_model), "--drafter", "layerskip:1", "--questions",
+              str(questions), "--limit", "2", "--max-new-tokens", "8", "--width", "2",
+              "--depth", "2", "--budget", "4", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "depth  steps  rank 0  rank 1" in printed and "chosen tree: " in printed
+    assert f"wrote {out}" in printed
+    cfg = yaml.safe_load(out.read_text())
+    assert cfg["target"] == str(tiny_model) and cfg["limit"] == 2
+    assert cfg["methods"] == ["ar", "layerskip:1"] and 1 <= cfg["gammas"][0] <= 2
+    tree = cli._tree(cfg["tree"])
+    assert 1 <= len(tree) <= 4 and max(map(len, tree)) <= 2
+    cli.main(["bench", "--config", str(out), "--out-dir", str(tmp_path / "bench")])
+    assert "-tree" in capsys.readouterr().out
+
+
+def test_tune_tree_checks_its_settings_first(tiny_model):
+    with pytest.raises(SystemExit, match="width must be an int >= 1, got 0"):
+        cli.main(["tune-tree", "--model", str(tiny_model), "--drafter", "ngram",
+                  "--prompt", "ab", "--width", "0"])
 
 
 # Each bad input, run once as a subprocess (the exit status and stderr a user sees); the tests
