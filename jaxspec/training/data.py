@@ -123,6 +123,9 @@ def split_sentences(text: str, min_chars: int = 4) -> list[str]:
     return [p.strip() for p in parts if len(p.strip()) >= min_chars]
 
 
+_MARKUP = re.compile(r"</?[A-Za-z][^<>]*>")
+
+
 def self_generated(model, language: str, num_texts: int, generate_fn: Callable | None = None,
                    seed: int = 0, max_new_tokens: int = 128, temperature: float = 1.0,
                    batch_size: int = 8, chat: bool = False, min_chars: int = 4,
@@ -131,7 +134,7 @@ def self_generated(model, language: str, num_texts: int, generate_fn: Callable |
     prompt, split into sentences), so a recipe runs offline with no corpus. Sentences are kept
     once each, between `min_chars` and `max_chars` long, and (`check_language`) only those
     lingua detects as `language` (`routing.detect_language`), so a base model drifting into
-    English or markup does not become a source sentence."""
+    English does not become a source sentence; HTML tags are removed first."""
     generate_fn = generate_fn or generate
     lang = language_name(language)
     if chat or language not in NATIVE_SEEDS:
@@ -146,7 +149,8 @@ def self_generated(model, language: str, num_texts: int, generate_fn: Callable |
                       file=sys.stderr):
         out = generate_fn(model, prompts[start:start + batch_size], max_new_tokens=max_new_tokens,
                           temperature=temperature, seed=seed + start, chat=chat)
-        for text in out.texts:
+        for text in out.texts:  # without markup (base models write HTML tags)
+            text = re.sub(r"[ \t]{2,}", " ", _MARKUP.sub(" ", text))
             records.extend({"text": s} for s in split_sentences(text, min_chars))
     records = [r for r in {r["text"]: r for r in records}.values() if len(r["text"]) <= max_chars]
     if check_language and records:

@@ -97,7 +97,7 @@ def test_self_generated_text_uses_the_generate_function():
 def test_self_generated_text_keeps_distinct_sentences_of_its_language():
     """A base model drifts: English, repeats, runaway lines. Only distinct French sentences
     within the length limit stay (lingua decides the language)."""
-    paragraph = ("Le marché de la ville ouvre tous les samedis matin. The weather was nice "
+    paragraph = ("<p>Le marché de la ville ouvre tous les <b>samedis</b> matin. The weather was nice "
                  "and everyone went outside. Le marché de la ville ouvre tous les samedis matin. "
                  + "Les enfants jouent dans le parc " * 12 + ".")
 
