@@ -135,6 +135,13 @@ def cmd_report(args):
           .read_text())
 
 
+def cmd_table1(args):
+    from jaxspec.bench import table1
+
+    o = _options(args, {})
+    table1.run(o.get("dirs") or [], o.get("out"))
+
+
 def cmd_export(args):
     import jaxspec
     from jaxspec.checkpoints import store
@@ -381,6 +388,12 @@ def parser() -> argparse.ArgumentParser:
                                               "measures verifying up to 16 positions)")
     u.add_argument("--out", help="bench config written (default configs/bench/tree.yaml)")
     u.set_defaults(func=cmd_tune_tree)
+
+    t1 = sub.add_parser("table1", help="the paper's Table 1 (markdown) from bench reports of "
+                                       "several language pairs")
+    t1.add_argument("dirs", nargs="+", metavar="DIR", help="report directories or bench out_dirs")
+    t1.add_argument("--out", help="also write the markdown to this file")
+    t1.set_defaults(func=cmd_table1)
 
     for s in (g, b):
         s.add_argument("--mesh", help="data,fsdp,tensor device mesh, e.g. 1,1,8 (one size may "

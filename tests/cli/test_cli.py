@@ -13,7 +13,7 @@ import pytest
 from jaxspec import cli
 
 SUBCOMMANDS = ("generate", "distill", "train", "bench", "report", "export", "demo",
-               "tune-layer-skip", "tune-tree")
+               "tune-layer-skip", "tune-tree", "table1")
 
 
 def jaxspec_cmd(*args, timeout=300) -> subprocess.CompletedProcess:
