@@ -54,14 +54,15 @@ def step_bytes(model, cache_len: int) -> int:
     """Bytes a decode step must read: every weight once, plus the keys/values of the cache."""
     weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
     c = model.config
-    return weights + 2 * c.num_layers * cache_len * c.num_kv_heads * c.head_dim * 4
+    item = model.params["embed"].dtype.itemsize  # the cache's precision is the weights'
+    return weights + 2 * c.num_layers * cache_len * c.num_kv_heads * c.head_dim * item
 
 
 def target_ms(model, sizes=SIZES, cache_len: int = 256, repeats: int = 10) -> dict[int, float]:
     """Milliseconds of one target forward over S new positions (batch 1), for each S."""
     c = model.config
     fwd = jax.jit(lambda p, t, pos, cache: forward(p, c, t, pos, cache)[0])
-    cache = init_cache(c, 1, cache_len)
+    cache = init_cache(c, 1, cache_len, model.params["embed"].dtype)
     out = {}
     for S in sizes:
         tokens = jnp.ones((1, S), jnp.int32)

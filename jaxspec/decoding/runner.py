@@ -326,7 +326,7 @@ class Decoder:
         stats = self.stream_stats = {"prefill_calls": 0, "decode_calls": 0}
         slot_prompt = np.full(B, -1)  # the prompt each slot holds; -1: empty
         pending = collections.deque(range(len(ids)))
-        state = speculative.idle_state(config, B, T)
+        state = speculative.idle_state(config, B, T, speculative.cache_dtype(target.params))
         if target.mesh is not None:
             state = jax.device_put(state, sharding.state_shardings(state, B, target.mesh,
                                                                    target.rules))

@@ -64,13 +64,21 @@ def reads_features(drafter) -> bool:
     return drafter is not None and getattr(drafter.spec, "reads_features", False)
 
 
+def cache_dtype(target_params):
+    """The KV cache's precision: the weights' (bfloat16 weights keep bfloat16 keys and values,
+    half the bytes; and float32 attention products over a float32 cache round differently for
+    different query counts on CPU, so a verify pass would not equal one-position steps)."""
+    return target_params["embed"].dtype
+
+
 def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_lengths_B,
             max_new_B, key) -> DecodeState:
     """Fill both caches with each row's prompt (`fill_cache`: fixed-size chunks, so the prompt
     length never changes compiled shapes)."""
     B, T = tokens_BxT.shape
     filled = fill_cache(target_params, config, tokens_BxT, prompt_lengths_B,
-                        init_cache(config, B, T), features=reads_features(drafter))
+                        init_cache(config, B, T, cache_dtype(target_params)),
+                        features=reads_features(drafter))
     cache, feats_BxTxD = filled if reads_features(drafter) else (filled, jnp.zeros((B, T, 0)))
     dstate = (drafter.spec.init(drafter.params, tokens_BxT, prompt_lengths_B, feats_BxTxD)
               if drafter is not None else ())
@@ -326,14 +334,16 @@ def run(target_params, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key, *,
 # Continuous batching: a fixed batch of slots, refilled with new rows as rows finish.
 
 
-def idle_state(config: ModelConfig, batch: int, max_len: int) -> DecodeState:
+def idle_state(config: ModelConfig, batch: int, max_len: int,
+               cache_dtype=jnp.float32) -> DecodeState:
     """`batch` empty slots of `max_len` tokens for `refill` to fill: every row done (length 1,
     budget 0), one key per row, no drafter."""
     ones_B = lambda: jnp.ones((batch,), jnp.int32)  # a buffer per field: the state is donated
     return DecodeState(
         tokens_BxT=jnp.full((batch, max_len), config.pad_token_id, jnp.int32), lengths_B=ones_B(),
         prompt_lengths_B=ones_B(), max_new_B=jnp.zeros((batch,), jnp.int32),
-        done_B=jnp.ones((batch,), bool), target_cache=init_cache(config, batch, max_len),
+        done_B=jnp.ones((batch,), bool),
+        target_cache=init_cache(config, batch, max_len, cache_dtype),
         drafter_state=(), key=jax.random.split(jax.random.key(0), batch),
         steps_B=jnp.zeros((batch,), jnp.int32), gained_BxN=jnp.zeros((batch, max_len), jnp.int32),
         gamma_BxN=jnp.zeros((batch, max_len), jnp.int32),

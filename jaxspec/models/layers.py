@@ -46,11 +46,29 @@ def linear(x_BxSxD, w, w_in_axis: int = 0):
     return y_PxF[:B * S].reshape(B, S, -1)
 
 
+def ordered_sum(x, lanes: int = 16):
+    """Sum over the last axis in one fixed order whatever the leading shape (XLA:CPU's reduce
+    vectorises across rows differently for different row counts): lanes of `lanes` values are
+    added as a tree of elementwise adds (zero padding is exact), then the lanes in turn."""
+    D = x.shape[-1]
+    n = 1 << (max(1, -(-D // lanes)) - 1).bit_length()
+    x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n * lanes - D)])
+    x = x.reshape(x.shape[:-1] + (n, lanes))
+    while x.shape[-2] > 1:
+        half = x.shape[-2] // 2
+        x = x[..., :half, :] + x[..., half:, :]
+    total = x[..., 0, 0]
+    for i in range(1, lanes):
+        total = total + x[..., 0, i]
+    return total
+
+
 def rms_norm(x, scale, eps: float):
     """x * rsqrt(mean(x^2) + eps) * scale, computed in float32. `scale` is the full multiplier
     (Gemma's `1 + w` is folded in when loading)."""
     x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    mean_sq = ordered_sum(x32 * x32)[..., None] / x.shape[-1]  # the same for 1 row or 8
+    y = x32 * jax.lax.rsqrt(mean_sq + eps)
     scale = scale.astype(jnp.float32).reshape((1,) * (x.ndim - scale.ndim) + scale.shape)
     return (y * scale).astype(x.dtype)
 
@@ -135,7 +153,8 @@ def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, wind
     if view is not None:
         mask_BxSxT &= view[1]
     scores = jnp.where(mask_BxSxT[:, None, None], scores, _MASKED)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BxTxKxH.dtype)
+    exp = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+    probs = (exp / ordered_sum(exp)[..., None]).astype(v_BxTxKxH.dtype)
     out = jnp.einsum("BKGST,BTKH->BSKGH", probs, v_BxTxKxH).reshape(B, S, N * H)
     # Without the barrier XLA:CPU moves this small transpose onto the output projection's
     # weight and copies [heads, head_dim, embed] every call (a third of a decode step).

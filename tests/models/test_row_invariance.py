@@ -85,3 +85,52 @@ def test_import_after_jax_started_warns():
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXSPEC_CPU_FMA")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.split() == ["1", "True"], out.stderr
+
+
+@pytest.fixture(scope="module")
+def gemma3_bf16():
+    return jaxspec.load("gemma3-270m", dtype="bfloat16")  # as `jaxspec demo` and bench load it
+
+
+# One-shot prompts on sentences the target wrote (data/heldout/fren_question.jsonl); with a
+# float32 cache the first one's gamma-3 verify picked another token at its 4th step.
+PROMPTS = [("Translate French to English:Je bois un café tous les matins.\nEnglish: I drink a "
+            "coffee every morning.\nTranslate French to English:" + s + "\nEnglish:")
+           for s in ("<b>Comment devenir comment cela se passe ?",
+                     "Les paysages télégrossiers dans lesquels dureront jusqu'en 2024 les "
+                     "coutumes impérialistes.",
+                     "Nous déjeunons-t-il presque nuitée, mais pendant cette nuitée,")]
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5, "auto"])
+def test_bfloat16_speculative_decoding_equals_greedy(gemma3_bf16, gamma):
+    """Through the decoder (prefill, bfloat16 cache, verify of gamma + 1 positions, and with
+    gamma "auto" steps of 0 and 3 drafts inside one lax.switch): greedy tokens, always."""
+    kw = dict(costs=(1.0, 1.5, 1.6, 1.7, 1.8)) if gamma == "auto" else {}
+    for prompt in PROMPTS:  # batch 1, as benchmarks run: a batch has more rows per product
+        ref = jaxspec.generate(gemma3_bf16, [prompt], max_new_tokens=64, stop="\n")
+        res = jaxspec.speculative_generate(gemma3_bf16, jaxspec.ngram_drafter(3), [prompt],
+                                           gamma=gamma, max_new_tokens=64, stop="\n", **kw)
+        assert res.token_ids == ref.token_ids
+
+
+def test_decoder_verify_root_logits_do_not_depend_on_draft_length(gemma3_bf16):
+    """The decoder's own prefill and verify (its cache, tree view and slots), batch 1: the last
+    token's logits are the same bits whether 0 or up to 5 drafts ride along. (Measured: with
+    a float32 cache, 3 or more drafts changed them; 6 and 7 drafts still do, see README.)"""
+    from jaxspec.decoding import speculative
+    from jaxspec.decoding.trees import chain
+
+    m, T = gemma3_bf16, 256
+    ids = m.tokenizer(PROMPTS[0])["input_ids"]
+    tokens = np.zeros((1, T), np.int32)
+    tokens[0, :len(ids)] = ids
+    state = jax.jit(lambda t: speculative.prefill(
+        m.params, m.config, None, t, jnp.array([len(ids)]), jnp.array([64]),
+        jax.random.key(0)))(jnp.asarray(tokens))
+    drafts = [2088, 776, 611, 3291, 672]
+    roots = [np.asarray(jax.jit(lambda s, d, g=g: speculative.verify(
+        m.params, m.config, s, d, chain(g))[0])(state, jnp.asarray([drafts[:g]], jnp.int32)))[0, 0]
+        for g in range(6)]
+    for g in range(1, 6):
+        np.testing.assert_array_equal(roots[g], roots[0], err_msg=f"{g} drafts")
