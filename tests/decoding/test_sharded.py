@@ -122,7 +122,8 @@ def test_memory_plan_splits_by_the_mesh():
                         mesh=AbstractMesh((8, 1, 1), sharding.MESH_AXES))
     n_params = 32000 * 4096 + 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096) + 4096
     assert one.params == 2 * n_params  # bf16, tied head
-    cache = 8 * 2048 * 32 * 4096 * 4 * 2  # rows, slots, layers, kv heads x head dim, f32, k+v
+    cache = 8 * 2048 * 32 * 4096 * 2 * 2  # rows, slots, layers, kv heads x head dim, bf16 (the
+    # weights' precision), k+v
     assert cache <= one.state < 1.01 * cache
     assert one.params / 8 < tensor8.params < one.params / 7.99  # norms are replicated
     rest = one.state - cache  # token buffer, logs, key: split over rows, not over tensor
