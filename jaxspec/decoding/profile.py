@@ -20,7 +20,7 @@ import numpy as np
 from jaxspec.decoding.plan import per_position_acceptance, plan
 from jaxspec.decoding.runner import speculative_generate
 from jaxspec.decoding.sampling import Sampling
-from jaxspec.decoding.speculative import reads_features
+from jaxspec.decoding.speculative import cache_dtype, reads_features
 from jaxspec.errors import UserError
 from jaxspec.files import write_atomic
 from jaxspec.loading import cache_root
@@ -54,7 +54,7 @@ def step_bytes(model, cache_len: int) -> int:
     """Bytes a decode step must read: every weight once, plus the keys/values of the cache."""
     weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
     c = model.config
-    item = model.params["embed"].dtype.itemsize  # the cache's precision is the weights'
+    item = jnp.dtype(cache_dtype(model.params)).itemsize
     return weights + 2 * c.num_layers * cache_len * c.num_kv_heads * c.head_dim * item
 
 
@@ -62,7 +62,7 @@ def target_ms(model, sizes=SIZES, cache_len: int = 256, repeats: int = 10) -> di
     """Milliseconds of one target forward over S new positions (batch 1), for each S."""
     c = model.config
     fwd = jax.jit(lambda p, t, pos, cache: forward(p, c, t, pos, cache)[0])
-    cache = init_cache(c, 1, cache_len, model.params["embed"].dtype)
+    cache = init_cache(c, 1, cache_len, cache_dtype(model.params))
     out = {}
     for S in sizes:
         tokens = jnp.ones((1, S), jnp.int32)
