@@ -4,6 +4,7 @@ overrides; explicit flags win over both."""
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -232,6 +233,7 @@ def cmd_tune_layer_skip(args):
 
 def cmd_tune_tree(args):
     import jaxspec
+    from jaxspec.checkpoints import heads
     from jaxspec.decoding import profile, tree_search
     from jaxspec.loading import parse_drafter
 
@@ -241,6 +243,9 @@ def cmd_tune_tree(args):
     if not o.get("drafter") or not (o.get("prompt") or o.get("questions")):
         raise SystemExit("jaxspec tune-tree: give --drafter and --prompt or --questions")
     tree_search.positive(width=o["width"], depth=o["depth"])
+    if o.get("into") and not heads.is_head(o["into"]):
+        raise SystemExit(f"jaxspec tune-tree: --into {o['into']} is not a hidden-state drafter "
+                         f"checkpoint (no {heads.MARKER})")
     prompts = _prompts(o)
     model = jaxspec.load(o["model"], dtype=o["dtype"])
     drafter = parse_drafter(o["drafter"], model)
@@ -258,6 +263,10 @@ def cmd_tune_tree(args):
     out.write_text(tree_search.bench_config(choice, acc, {"target": o["model"], **run},
                                             o["drafter"]))
     print(f"wrote {out}")
+    if o.get("into"):
+        heads.set_tuned(o["into"], choice.best.tree.paths,
+                        f"jaxspec tune-tree ({datetime.date.today()}): {choice.describe()}")
+        print(f"recorded the tree in {o['into']}")
 
 
 def cmd_distill(args):
@@ -387,6 +396,8 @@ def parser() -> argparse.ArgumentParser:
     u.add_argument("--budget", type=int, help="most tree nodes (default 15: the profile "
                                               "measures verifying up to 16 positions)")
     u.add_argument("--out", help="bench config written (default configs/bench/tree.yaml)")
+    u.add_argument("--into", help="also record the tree in this hidden-state drafter's "
+                                  "checkpoint directory: decoding with it then drafts that tree")
     u.set_defaults(func=cmd_tune_tree)
 
     t1 = sub.add_parser("table1", help="the paper's Table 1 (markdown) from bench reports of "

@@ -23,7 +23,6 @@ SENTENCES = {
 TEMPLATE = "Translate {lang} to English.\n{lang}: {src_ex}\nEnglish: {tgt_ex}\n{lang}: {src}\nEnglish:"
 
 
-
 def prompt(lang: str, sentence: str) -> str:
     src_ex, tgt_ex = EXAMPLES[lang]
     return TEMPLATE.format(lang=lang, src_ex=src_ex, tgt_ex=tgt_ex, src=sentence)

@@ -81,7 +81,7 @@ def _shipped(name: str) -> Callable[[], Path]:
 # Drafters shipped inside the package, per target and source language (ISO 639-1): the name
 # "<target>-<lang>en-drafter" is the directory drafters/<target>-<lang>en.
 SHIPPED: dict[str, dict[str, str]] = {
-    "gemma3-270m": {lang: f"gemma3-270m-{lang}en-drafter" for lang in ("de", "fr", "ja")},
+    "gemma3-270m": {lang: f"gemma3-270m-{lang}en-drafter" for lang in ("de", "fr", "ja", "ru")},
 }
 
 # Registered names -> a function returning a local path (GGUF file or checkpoint directory).
@@ -248,7 +248,7 @@ def load_drafter(name_or_path: str | os.PathLike, dtype=jnp.float32,
         heads.check_target(meta, target, name_or_path)
         return hidden_drafter(target, meta["kind"], jax.tree.map(jnp.asarray, head),
                               meta["vocab_ids"], meta["depth"], meta.get("tuned_gamma"),
-                              name=str(name_or_path))
+                              name=str(name_or_path), tuned_tree=meta.get("tuned_tree"))
     model = load(name_or_path, dtype)
     ids = store.read_meta(path).get("vocab_ids") if store.is_checkpoint(path) else None
     return model_drafter(model, None if ids is None else np.asarray(ids, np.int32))

@@ -1,6 +1,6 @@
 """Hidden-state drafter checkpoints: the trained head weights in bfloat16 and what they serve.
 
-Layout: `<dir>/head.json` (kind, depth, tuned gamma, the target's name, the config fields the
+Layout: `<dir>/head.json` (kind, depth, tuned gamma or tree, the target's name, the config fields the
 head depends on, a fingerprint of its tokenizer, the head's vocabulary ids) and
 `<dir>/weights.npz` (each weight as the raw bits of bfloat16, ~2 bytes per parameter). Nothing
 of the target is stored: its embedding, final norm and head rows are read from the target when
@@ -69,6 +69,18 @@ def read_meta(path: str | os.PathLike) -> dict:
     if meta.get("format") != FORMAT:
         raise UserError(f"{path}: head format {meta.get('format')}, this jaxspec reads {FORMAT}")
     return meta
+
+
+def set_tuned(path: str | os.PathLike, tree, note: str) -> None:
+    """Record in the head at `path` the token tree (Medusa/EAGLE choices) it was tuned for and
+    how (`note`); decoding with the head and no gamma or tree then uses that tree."""
+    path = Path(path)
+    meta = read_meta(path)
+    meta["tuned_tree"] = [list(p) for p in tree]
+    meta["tuned_on"] = note
+    tmp = path / (MARKER + ".tmp")
+    tmp.write_text(json.dumps(meta))
+    os.replace(tmp, path / MARKER)
 
 
 def check_target(meta: dict, target, path) -> None:

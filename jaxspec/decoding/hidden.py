@@ -65,12 +65,14 @@ def _logits(shared, h_xD):
 @dataclasses.dataclass(frozen=True)
 class HiddenSpec:
     """A hidden-state drafter of `kind` for a target with `config`; `depth` heads or stages
-    (medusa, hydra: the longest draft), `tuned_gamma` the draft length it was tuned for."""
+    (medusa, hydra: the longest draft), `tuned_gamma` the draft length it was tuned for and
+    `tuned_tree` the token tree (choices), if one was."""
 
     kind: str
     config: ModelConfig
     depth: int = 4
     tuned_gamma: int | None = None
+    tuned_tree: tuple[tuple[int, ...], ...] | None = None
     reads_features = True
 
     def validate(self, params, target) -> None:
@@ -321,7 +323,7 @@ def shared_params(target_params, vocab_ids) -> dict:
 
 
 def hidden_drafter(target, kind: str, head, vocab_ids=None, depth: int = 4,
-                   tuned_gamma: int | None = None, name: str = "") -> Drafter:
+                   tuned_gamma: int | None = None, name: str = "", tuned_tree=None) -> Drafter:
     """A hidden-state drafter of `kind` over `target` (a jaxspec Model) with trained weights
     `head` (from `head_params` or a checkpoint); `vocab_ids` [K] are the token ids its head
     proposes (default: the whole vocabulary)."""
@@ -333,6 +335,7 @@ def hidden_drafter(target, kind: str, head, vocab_ids=None, depth: int = 4,
     head = jax.tree.map(lambda x: jnp.asarray(x, dtype), head)
     params = {"shared": shared_params(target.params, vocab_ids), "head": head,
               "vocab_ids": jnp.asarray(vocab_ids, jnp.int32)}
-    spec = HiddenSpec(kind, target.config, depth, tuned_gamma)
+    tree = None if tuned_tree is None else tuple(tuple(int(r) for r in p) for p in tuned_tree)
+    spec = HiddenSpec(kind, target.config, depth, tuned_gamma, tree)
     spec.validate(params, target)
     return Drafter(params, spec, name or kind)

@@ -449,19 +449,21 @@ def speculative_generate(target, drafter, prompts, gamma: int | str | None = Non
 
     gamma="auto": each row picks its draft length (0 to `gamma_max`) every step from its
     acceptance so far and the cost model (`costs`: the step cost of each length relative to a
-    plain step; by default measured by `jaxspec profile` and cached). gamma None: the gamma a
-    trained drafter was tuned for, else 4.
+    plain step; by default measured by `jaxspec profile` and cached).
 
     tree: instead of a chain of gamma, each step drafts a token tree, given as Medusa/EAGLE
     "choices" (paths of candidate ranks, e.g. [(0,), (1,), (0, 0), (0, 1), (1, 0)]) or a
     `trees.Tree`, and the target verifies all its nodes in one call (greedy and sampled output
-    stay exact). The model, layer-skip, n-gram, Medusa, Hydra and EAGLE drafters draft trees."""
+    stay exact). The model, layer-skip, n-gram, Medusa, Hydra and EAGLE drafters draft trees.
+    With neither gamma nor tree, a trained drafter's tuned tree, else its tuned gamma, else 4."""
     if drafter is None:
         raise UserError("speculative_generate needs a drafter; use generate without one")
     if tree is not None and gamma is not None:
         raise UserError("give gamma (a chain) or tree, not both")
     if gamma is None and tree is None:
-        gamma = getattr(getattr(drafter, "spec", None), "tuned_gamma", None) or 4
+        spec = getattr(drafter, "spec", None)
+        tree = getattr(spec, "tuned_tree", None)
+        gamma = None if tree is not None else getattr(spec, "tuned_gamma", None) or 4
     return _DECODER(target, drafter, prompts, gamma=gamma, max_new_tokens=max_new_tokens,
                     sampling=Sampling(temperature, top_k, top_p), seed=seed, stop=stop, chat=chat,
                     gamma_max=gamma_max, costs=costs, tree=tree)

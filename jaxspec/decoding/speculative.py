@@ -334,10 +334,9 @@ def run(target_params, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key, *,
 # Continuous batching: a fixed batch of slots, refilled with new rows as rows finish.
 
 
-def idle_state(config: ModelConfig, batch: int, max_len: int,
-               cache_dtype=jnp.float32) -> DecodeState:
+def idle_state(config: ModelConfig, batch: int, max_len: int, cache_dtype) -> DecodeState:
     """`batch` empty slots of `max_len` tokens for `refill` to fill: every row done (length 1,
-    budget 0), one key per row, no drafter."""
+    budget 0), one key per row, no drafter; `cache_dtype` from `cache_dtype(params)`."""
     ones_B = lambda: jnp.ones((batch,), jnp.int32)  # a buffer per field: the state is donated
     return DecodeState(
         tokens_BxT=jnp.full((batch, max_len), config.pad_token_id, jnp.int32), lengths_B=ones_B(),

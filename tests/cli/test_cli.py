@@ -235,6 +235,9 @@ def test_tune_tree_checks_its_settings_first(tiny_model):
     with pytest.raises(SystemExit, match="width must be an int >= 1, got 0"):
         cli.main(["tune-tree", "--model", str(tiny_model), "--drafter", "ngram",
                   "--prompt", "ab", "--width", "0"])
+    with pytest.raises(SystemExit, match="is not a hidden-state drafter checkpoint"):
+        cli.main(["tune-tree", "--model", str(tiny_model), "--drafter", "ngram",
+                  "--prompt", "ab", "--into", str(tiny_model)])
 
 
 # Each bad input, run once as a subprocess (the exit status and stderr a user sees); the tests

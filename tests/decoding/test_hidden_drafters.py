@@ -22,6 +22,7 @@ compiled functions.
 
 import dataclasses
 import functools
+import shutil
 from collections import Counter
 
 import jax
@@ -468,6 +469,26 @@ def test_saved_head_drafts_like_the_in_memory_one(target, saved_eagle, reference
     assert b.gamma == 3  # the tuned gamma, by default
     assert a.token_ids == b.token_ids == reference
     assert a.accept_lengths == b.accept_lengths  # the same drafts, step by step
+
+
+def test_a_tuned_tree_in_the_checkpoint_is_the_default(target, saved_eagle, reference, stop,
+                                                        tmp_path):
+    path, _, _ = saved_eagle
+    tuned = shutil.copytree(path, tmp_path / "eagle")
+    paths = [(0,), (1,), (0, 0), (0, 0, 0)]
+    heads.set_tuned(tuned, paths, "tuned by hand for this test")
+    assert heads.read_meta(tuned)["tuned_on"] == "tuned by hand for this test"
+    loaded = jaxspec.load_drafter(tuned, target=target)
+    assert loaded.spec.tuned_tree == tuple(paths) and loaded.spec.tuned_gamma == 3
+    default = jaxspec.speculative_generate(target, loaded, PROMPTS, max_new_tokens=MAX_NEW,
+                                           stop=stop)
+    explicit = jaxspec.speculative_generate(target, loaded, PROMPTS, tree=paths,
+                                            max_new_tokens=MAX_NEW, stop=stop)
+    chain = jaxspec.speculative_generate(target, loaded, PROMPTS, gamma=3,
+                                         max_new_tokens=MAX_NEW, stop=stop)
+    assert default.token_ids == explicit.token_ids == chain.token_ids == reference
+    assert default.accept_lengths == explicit.accept_lengths  # the tree, step by step
+    assert default.gamma == explicit.gamma == len(paths) != chain.gamma  # nodes, not gamma 3
 
 
 def test_weights_are_stored_in_bfloat16(target, tmp_path):
