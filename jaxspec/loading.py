@@ -81,7 +81,8 @@ def _shipped(name: str) -> Callable[[], Path]:
 # Drafters shipped inside the package, per target and source language (ISO 639-1): the name
 # "<target>-<lang>en-drafter" is the directory drafters/<target>-<lang>en.
 SHIPPED: dict[str, dict[str, str]] = {
-    "gemma3-270m": {lang: f"gemma3-270m-{lang}en-drafter" for lang in ("de", "fr", "ja", "ru")},
+    "gemma3-270m": {lang: f"gemma3-270m-{lang}en-drafter"
+                    for lang in ("de", "fr", "ja", "ru", "zh")},
 }
 
 # Registered names -> a function returning a local path (GGUF file or checkpoint directory).

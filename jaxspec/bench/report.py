@@ -3,7 +3,9 @@
 Same quantities as Spec-Bench's `evaluation/speed.py` (first choice of each answer):
   speed of a question = sum(new_tokens over turns) / sum(wall_time over turns);
   speedup = mean question speed of the method / that of the baseline, over common questions;
-  tau = mean of all accept_lengths entries (tokens per target step, bonus token included).
+  tau = mean of all accept_lengths entries (tokens per target step, bonus token included);
+  identical = questions whose answer text equals the baseline's (at temperature 0 with the same
+  weights, speculative decoding must give every answer identical).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from jaxspec.bench.plots import plot_accept_lengths, plot_speedup_vs_gamma, plot
 from jaxspec.bench.questions import read_answers
 from jaxspec.errors import UserError
 
-COLUMNS = ("tokens_per_s", "baseline_tokens_per_s", "speedup", "tau", "num_questions")
+COLUMNS = ("tokens_per_s", "baseline_tokens_per_s", "speedup", "tau", "identical",
+           "num_questions")
 
 
 def question_speed(record: dict) -> float:
@@ -52,6 +55,8 @@ def _stats(baseline: list[dict], method: list[dict]) -> dict[str, float | int]:
         "baseline_tokens_per_s": base_speed,
         "speedup": speed / base_speed,
         "tau": statistics.fmean(accept),
+        "identical": sum(b["choices"][0]["turns"] == m["choices"][0]["turns"]
+                         for b, m in zip(baseline, method)),
         "num_questions": len(method),
     }
 
@@ -103,13 +108,14 @@ def _gamma(records: Sequence[dict], name: str) -> int | None:
 
 def _markdown(summaries: Mapping[str, dict], baseline: str, plots: Sequence[str],
               quality: str = "") -> str:
-    head = "| method | tokens/s | speedup | tau | questions |\n|---|---:|---:|---:|---:|"
+    head = ("| method | tokens/s | speedup | tau | same text as baseline | questions |\n"
+            "|---|---:|---:|---:|---:|---:|")
     rows = [head]
     for name, s in summaries.items():
         o = s["overall"]
         rows.append(
             f"| {name} | {o['tokens_per_s']:.2f} | {o['speedup']:.3f}x | {o['tau']:.3f} "
-            f"| {o['num_questions']} |"
+            f"| {o['identical']} | {o['num_questions']} |"
         )
     cat_rows = [
         "| method | category | tokens/s | speedup | tau | questions |\n"
@@ -125,7 +131,8 @@ def _markdown(summaries: Mapping[str, dict], baseline: str, plots: Sequence[str]
         "# Speculative decoding benchmark",
         f"Baseline: `{baseline}`. Speedup is the mean per-question tokens/s of a method over the "
         "baseline's, on the questions both answered; tau is the mean number of tokens emitted "
-        "per target step.",
+        "per target step; same text: answers equal to the baseline's (all of them, for greedy "
+        "speculative decoding with the baseline's weights).",
         "## Overall",
         "\n".join(rows),
         "## By category",

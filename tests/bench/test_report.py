@@ -68,6 +68,16 @@ def test_summarize_matches_hand_arithmetic():
     assert overall["num_questions"] == 3
 
 
+def test_answers_identical_to_the_baseline_are_counted():
+    differs = json.loads(json.dumps(SPEC))
+    differs[1]["choices"][0]["turns"] = ["another text"]
+    s = summarize(BASELINE, differs)
+    assert s["overall"]["identical"] == 2
+    assert s["by_category"]["writing"]["identical"] == 1
+    assert s["by_category"]["math"]["identical"] == 1
+    assert summarize(BASELINE, SPEC)["overall"]["identical"] == 3
+
+
 def test_summarize_per_category():
     by_cat = summarize(BASELINE, SPEC)["by_category"]
     assert list(by_cat) == ["math", "writing"]
