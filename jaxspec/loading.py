@@ -21,6 +21,7 @@ from jaxspec.checkpoints import gguf, heads, hf, store
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.drafters import Drafter, layer_skip_drafter, model_drafter, ngram_drafter
 from jaxspec.decoding.hidden import hidden_drafter
+from jaxspec.decoding.staged import staged_drafter
 from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache
 from jaxspec.models.params import check_params
@@ -269,7 +270,17 @@ def parse_layers(spec: str) -> list[int]:
 
 def parse_drafter(spec: str, target: Model) -> Drafter:
     """"ngram[:N]" (N = 3 by default), "layerskip:LAYERS" (of `target`, as for `parse_layers`),
-    or a saved drafter's name or path, optionally as "drafter:PATH"."""
+    or a saved drafter's name or path, optionally as "drafter:PATH"; any of the last two
+    followed by "+ngram[:N[:K]]" drafts staged (`staged_drafter`: n-gram lookup proposing K
+    tokens a round, 3 by default)."""
+    spec, staged, second = spec.partition("+")
+    if staged:
+        kind, _, arg = second.partition(":")
+        n, _, k = arg.partition(":")
+        if kind != "ngram" or not (n or "3").isdigit() or not (k or "3").isdigit():
+            raise UserError(f"second drafting stage {second!r}: give ngram[:N[:K]]")
+        return staged_drafter(parse_drafter(spec, target), ngram_drafter(int(n or 3)),
+                              int(k or 3))
     kind, _, arg = spec.partition(":")
     if kind == "ngram":
         return ngram_drafter(int(arg or 3))

@@ -5,6 +5,7 @@ Methods (`--methods`):
   ngram[:N]             prompt lookup, n-grams up to N (default 3)
   layerskip:SPEC        the target with layers skipped; SPEC like "10-19" or "3,5,7"
   drafter:PATH          a trained jaxspec drafter (checkpoint dir, HF dir or GGUF)
+  ...+ngram[:N[:K]]     layerskip or drafter, drafting staged with n-gram lookup
   hf                    transformers `generate`, PyTorch fp32, on the same weights
   hf-assisted:PATH      transformers assisted generation with that drafter
 Each runs at every gamma (speculative methods) and temperature given. Answer files are appended
@@ -38,7 +39,8 @@ class Method:
 
     @property
     def name(self) -> str:
-        arg = "" if self.arg is None else "-" + Path(self.arg).name.replace(",", "_")
+        arg = "" if self.arg is None else "-" + Path(self.arg).name.replace(",", "_").replace(
+            ":", "-")
         gamma = f"-g{self.gamma}" if self.gamma else ""
         if self.tree:
             gamma = f"-tree{len(self.tree)}d{max(map(len, self.tree))}"
@@ -52,6 +54,9 @@ def parse_methods(specs: Sequence[str], gammas: Sequence[int | str],
     out = []
     for spec in specs:
         kind, _, arg = spec.partition(":")
+        arg, staged, _ = arg.partition("+")  # "+ngram...": the second stage, parse_drafter's
+        if staged and kind not in ("layerskip", "drafter"):
+            raise UserError(f"method {spec!r}: only layerskip and drafter draft staged")
         if kind not in KINDS:
             raise UserError(f"unknown method {spec!r}; methods are {', '.join(KINDS)}")
         if kind in ("layerskip", "drafter", "hf-assisted") and not arg:
@@ -69,10 +74,11 @@ def parse_methods(specs: Sequence[str], gammas: Sequence[int | str],
         if tree and kind == "hf-assisted":
             raise UserError("hf-assisted does not verify token trees")
         for t in temperatures:
+            full = spec.partition(":")[2] or None
             for g in (gammas if kind in SPECULATIVE else [0]):
-                out.append(Method(kind, arg or None, g, float(t)))
-            if tree and kind in SPECULATIVE:
-                out.append(Method(kind, arg or None, 0, float(t), tuple(map(tuple, tree))))
+                out.append(Method(kind, full, g, float(t)))
+            if tree and kind in SPECULATIVE and not staged:
+                out.append(Method(kind, full, 0, float(t), tuple(map(tuple, tree))))
     return out
 
 

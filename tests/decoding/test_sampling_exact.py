@@ -148,3 +148,17 @@ def test_auto_gamma_matches_target_distribution(target, drafter):
                                        gamma_max=2, costs=costs, max_new_tokens=2,
                                        temperature=1.0)
     assert {tuple(d) for d in res.draft_lengths} == {(1,), (1, 0)}
+
+
+@pytest.mark.parametrize("s", [Sampling(1.0), Sampling(0.7, top_k=4)], ids=["t1", "t0.7-topk4"])
+def test_staged_drafting_matches_target_distribution(target, drafter, s):
+    """The drafter drafting staged with n-gram lookup (which proposes 7 then 1): a proposal is
+    kept with the drafter's probability of it, else the draft comes from q without it, so the
+    drafts stay distributed as the q the target verifies against."""
+    exact, _ = exact_joint(target, s)
+    _, q1 = exact_joint(drafter, s)
+    assert 0.05 < q1[7] < 0.95  # the first proposal is both kept and refused
+    staged = jaxspec.staged_drafter(jaxspec.model_drafter(drafter), k=2)
+    got = empirical_joint(target, staged, s, gamma=2, seeds=SEEDS if s.top_k is None else 2)
+    assert tv(got, exact) < TV_BOUND
+    assert got[exact == 0].sum() == 0
