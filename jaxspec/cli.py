@@ -29,9 +29,12 @@ def _gamma(text: str):
 
 def _tree(text: str):
     """Token tree paths: JSON "choices" ("[[0], [1], [0, 0]]"), or widths per depth ("3,2,1":
-    every node at depth d has the d-th width of children)."""
+    every node at depth d has the d-th width of children); or an EAGLE-2 dynamic tree
+    ("dynamic:BUDGET[:DEPTH[:WIDTH]]", a `trees.DynamicTree`)."""
     from jaxspec.decoding import trees
 
+    if isinstance(text, str) and text.startswith("dynamic"):
+        return trees.make_tree(text)
     if not isinstance(text, str):  # paths from a YAML config
         return trees.make_tree(text).paths
     if text.lstrip().startswith("["):

@@ -23,6 +23,7 @@ from typing import Sequence
 from tqdm.auto import tqdm
 
 from jaxspec.bench.questions import append_answer, done_question_ids, read_questions
+from jaxspec.decoding.trees import DynamicTree
 from jaxspec.errors import UserError
 
 KINDS = ("ar", "ngram", "layerskip", "drafter", "hf", "hf-assisted")
@@ -35,14 +36,17 @@ class Method:
     arg: str | None = None
     gamma: int | str = 0  # or "auto"
     temperature: float = 0.0
-    tree: tuple[tuple[int, ...], ...] | None = None  # token tree paths, instead of gamma
+    tree: tuple[tuple[int, ...], ...] | DynamicTree | None = None  # instead of gamma
 
     @property
     def name(self) -> str:
         arg = "" if self.arg is None else "-" + Path(self.arg).name.replace(",", "_").replace(
             ":", "-")
         gamma = f"-g{self.gamma}" if self.gamma else ""
-        if self.tree:
+        if isinstance(self.tree, DynamicTree):
+            t = self.tree
+            gamma = f"-dyn{t.budget}d{t.depth}w{t.width}"
+        elif self.tree:
             gamma = f"-tree{len(self.tree)}d{max(map(len, self.tree))}"
         return f"{self.kind}{arg}{gamma}-t{self.temperature:g}"
 
@@ -78,7 +82,8 @@ def parse_methods(specs: Sequence[str], gammas: Sequence[int | str],
             for g in (gammas if kind in SPECULATIVE else [0]):
                 out.append(Method(kind, full, g, float(t)))
             if tree and kind in SPECULATIVE and not staged:
-                out.append(Method(kind, full, 0, float(t), tuple(map(tuple, tree))))
+                out.append(Method(kind, full, 0, float(t), tree if isinstance(tree, DynamicTree)
+                                  else tuple(map(tuple, tree))))
     return out
 
 

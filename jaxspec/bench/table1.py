@@ -40,9 +40,9 @@ COLUMNS = (
 CROSS_SOURCE = "de"  # the head whose transfer to other pairs the cross-language column shows
 DASH = "—"
 
-# `specbench.Method.name`: kind[-arg][-g<gamma>|-tree<N>d<D>]-t<temperature>
-_NAME = re.compile(r"^(?P<base>.+?)(?:-g(?P<gamma>\d+|auto)|(?P<tree>-tree\d+d\d+))?"
-                   r"-t(?P<temp>\d[\d.e+-]*)$")
+# `specbench.Method.name`: kind[-arg][-g<gamma>|-tree<N>d<D>|-dyn<N>d<D>w<W>]-t<temperature>
+_NAME = re.compile(r"^(?P<base>.+?)(?:-g(?P<gamma>\d+|auto)"
+                   r"|(?P<tree>-tree\d+d\d+|-dyn\d+d\d+w\d+))?-t(?P<temp>\d[\d.e+-]*)$")
 _HEAD = re.compile(r"^drafter-(?:.*-)?(?P<src>[a-z]{2})en-drafter$")  # gemma3-270m-deen-drafter
 _CATEGORY = re.compile(r"^(?P<src>[a-z]{2})en$")
 

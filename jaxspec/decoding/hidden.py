@@ -30,7 +30,7 @@ import numpy as np
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.drafters import Drafter
 from jaxspec.decoding.sampling import DraftProbs, pick
-from jaxspec.decoding.trees import grow
+from jaxspec.decoding.trees import RowTree, grow
 from jaxspec.errors import UserError
 from jaxspec.models import layers as L
 from jaxspec.models.cache import init_cache
@@ -241,6 +241,66 @@ class HiddenSpec:
         draft_BxN, q, carry = grow(tree, key, sampling, _logits(shared, root_BxD), expand, carry,
                                    params["vocab_ids"])
         return draft_BxN, q, (carry[2] if self.kind == "eagle" else state)
+
+    @property
+    def drafts_dynamic_trees(self) -> bool:
+        return self.kind == "eagle"
+
+    def propose_dynamic(self, params, state, tokens_BxT, lengths_B, key, dtree, features_BxTxD):
+        """EAGLE-2's dynamic tree (greedy; `trees.DynamicTree`): from the root, the `width`
+        candidates of highest path probability at each depth are expanded into their `width`
+        most likely children, one EAGLE call per depth (scratch slots past the last caught-up
+        position, tree attention); then the `budget` candidates of highest path probability
+        are kept, in pool order (by depth, so parents first; a child never scores above its
+        parent, so their parents are kept too). Returns draft [B, N], the `trees.RowTree`, and
+        the cache."""
+        D, K, N = dtree.depth, dtree.width, dtree.budget
+        if D + 1 > _WINDOW:
+            raise UserError(f"an EAGLE drafter drafts trees up to {_WINDOW - 1} deep; the tree "
+                            f"is {D} deep")
+        shared, ids_K = params["shared"], params["vocab_ids"]
+        B = tokens_BxT.shape[0]
+        rows_Bx1 = jnp.arange(B)[:, None]
+        base_B = lengths_B - 2  # the root's slot, EAGLE's last caught-up position
+        cache, root_BxD = self._catch_up(params, state, tokens_BxT, lengths_B, features_BxTxD)
+        # Head slots base + m: m = 0 the root, then `width` expanded nodes per depth 1 .. D - 1.
+        M = 1 + K * (D - 1)
+        depth_M = np.array([0] + [d for d in range(1, D) for _ in range(K)], np.int32)
+        h_BxMxD = jnp.zeros((B, M) + root_BxD.shape[1:], root_BxD.dtype).at[:, 0].set(root_BxD)
+        seen_BxMxM = jnp.zeros((B, M, M), bool).at[:, 0, 0].set(True)  # root, ancestors, self
+        score_BxL, tok_BxL = jax.lax.top_k(jax.nn.log_softmax(_logits(shared, root_BxD)), K)
+        scores, toks = [score_BxL], [tok_BxL]
+        slot_BxL, pool_BxL = jnp.zeros((B, K), jnp.int32), jnp.full((B, K), -1, jnp.int32)
+        parents, start = [pool_BxL], 0  # pool index of each candidate's parent (-1: the root)
+        for d in range(1, D):
+            beam_BxK, sel_BxK = jax.lax.top_k(score_BxL, K)
+            at_BxK = jnp.take_along_axis(slot_BxL, sel_BxK, axis=1)  # the parents' head slots
+            slots_K = 1 + K * (d - 1) + np.arange(K)
+            seen_BxKxM = seen_BxMxM[rows_Bx1, at_BxK] | (np.arange(M) == slots_K[:, None])
+            seen_BxMxM = seen_BxMxM.at[:, slots_K].set(seen_BxKxM)
+            h_BxKxD, cache = self.eagle_layer(
+                params, h_BxMxD[rows_Bx1, at_BxK],
+                ids_K[jnp.take_along_axis(tok_BxL, sel_BxK, axis=1)],
+                jnp.broadcast_to((base_B + d)[:, None], (B, K)), cache,
+                base_B[:, None] + slots_K, (base_B, depth_M, seen_BxKxM))
+            h_BxMxD = h_BxMxD.at[:, slots_K].set(h_BxKxD)
+            lp_BxKxK, kid_BxKxK = jax.lax.top_k(
+                jax.nn.log_softmax(_logits(shared, h_BxKxD)), K)
+            score_BxL = (beam_BxK[:, :, None] + lp_BxKxK).reshape(B, K * K)
+            tok_BxL = kid_BxKxK.reshape(B, K * K)
+            slot_BxL = jnp.broadcast_to(slots_K[:, None], (B, K, K)).reshape(B, K * K)
+            pool_BxL = jnp.broadcast_to((start + sel_BxK)[:, :, None], (B, K, K)).reshape(B, -1)
+            start += scores[-1].shape[1]
+            scores.append(score_BxL), toks.append(tok_BxL), parents.append(pool_BxL)
+        depth_P = np.concatenate([np.full(s.shape[1], d + 1) for d, s in enumerate(scores)])
+        sel_BxN = jnp.sort(jax.lax.top_k(jnp.concatenate(scores, axis=1), N)[1], axis=1)
+        par_BxN = jnp.take_along_axis(jnp.concatenate(parents, axis=1), sel_BxN, axis=1)
+        is_par_BxNxN = sel_BxN[:, None, :] == par_BxN[:, :, None]
+        parent_BxN = jnp.where(par_BxN < 0, 0, jnp.where(  # -1: parent not kept (never)
+            jnp.any(is_par_BxNxN, axis=2), jnp.argmax(is_par_BxNxN, axis=2) + 1, -1))
+        depth_BxN1 = jnp.pad(jnp.asarray(depth_P, jnp.int32)[sel_BxN], ((0, 0), (1, 0)))
+        draft_BxN = ids_K[jnp.take_along_axis(jnp.concatenate(toks, axis=1), sel_BxN, axis=1)]
+        return draft_BxN, RowTree(parent_BxN.astype(jnp.int32), depth_BxN1), cache
 
     # -- training --------------------------------------------------------------------------
 

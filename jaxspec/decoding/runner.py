@@ -117,9 +117,15 @@ def _check_gamma(gamma, drafter) -> None:
 
 
 def _check_tree(tree, drafter):
-    """(the tree, None for a chain; its node count) for `tree` (choices paths or a Tree)."""
+    """(the tree, None for a chain; its node count) for `tree` (choices paths, a Tree or a
+    DynamicTree)."""
     tree = trees.make_tree(tree)
     spec = getattr(as_drafter(drafter), "spec", None) if drafter is not None else None
+    if isinstance(tree, trees.DynamicTree):
+        if spec is not None and not getattr(spec, "drafts_dynamic_trees", False):
+            raise UserError(f"dynamic trees are drafted by EAGLE heads, not by "
+                            f"{type(spec).__name__}; give this drafter a static tree")
+        return tree, tree.size
     if not tree.is_chain and spec is not None and not hasattr(spec, "propose_tree"):
         raise UserError(f"drafter {type(spec).__name__} cannot draft trees; use a chain (gamma)")
     return (None if tree.is_chain else tree), tree.size
@@ -253,6 +259,9 @@ class Decoder:
             raise UserError(f"gamma must be an int or 'auto', got {gamma!r}")
         if tree is not None:
             tree, gamma = _check_tree(tree, drafter)
+            if isinstance(tree, trees.DynamicTree) and not sampling.greedy:
+                raise UserError("dynamic trees are greedy only (temperature 0); sample with a "
+                                "static tree or a chain")
         gamma = gamma_max if auto else gamma
         _check_gamma(gamma, drafter)
         ids = encode_prompts(target, prompts, chat)
@@ -260,8 +269,11 @@ class Decoder:
             check_token_ids([row], target.config.vocab_size)
         max_new = _budgets(max_new_tokens, len(ids))
         lengths = np.array([len(r) for r in ids])
-        T = cache_len(lengths, max_new, gamma, target.config.max_position,
-                      f"{gamma} tree nodes" if tree is not None else "gamma")
+        reserve = gamma  # a dynamic tree's drafter also writes its expanded nodes
+        if isinstance(tree, trees.DynamicTree):
+            reserve = max(gamma, tree.width * (tree.depth - 1))
+        T = cache_len(lengths, max_new, reserve, target.config.max_position,
+                      f"{reserve} tree nodes" if tree is not None else "gamma")
         tokens, lengths_p, max_new_p = _pad_batch(ids, max_new, T, target.config.pad_token_id,
                                                   sharding.batch_shards(target.mesh, target.rules))
         if drafter is not None:
@@ -455,6 +467,8 @@ def speculative_generate(target, drafter, prompts, gamma: int | str | None = Non
     "choices" (paths of candidate ranks, e.g. [(0,), (1,), (0, 0), (0, 1), (1, 0)]) or a
     `trees.Tree`, and the target verifies all its nodes in one call (greedy and sampled output
     stay exact). The model, layer-skip, n-gram, Medusa, Hydra and EAGLE drafters draft trees.
+    An EAGLE head also drafts EAGLE-2's dynamic trees, a shape per row and step (greedy):
+    "dynamic:BUDGET[:DEPTH[:WIDTH]]" or a `trees.DynamicTree`.
     With neither gamma nor tree, a trained drafter's tuned tree, else its tuned gamma, else 4."""
     if drafter is None:
         raise UserError("speculative_generate needs a drafter; use generate without one")

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.plan import branch_lengths, choose_gamma
 from jaxspec.decoding.sampling import DraftProbs, Sampling, argmax, probs, sample
-from jaxspec.decoding.trees import Tree, chain, compact
+from jaxspec.decoding.trees import DynamicTree, RowTree, Tree, chain, compact
 from jaxspec.models.cache import KVCache, init_cache
 from jaxspec.models.transformer import fill_cache, forward
 from jaxspec.sharding import constrain
@@ -90,10 +90,12 @@ def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_leng
         tried_B=jnp.zeros((B,), jnp.float32), features_BxTxD=feats_BxTxD), B)
 
 
-def verify(target_params, config, state: DecodeState, draft_BxN, tree: Tree | None = None):
+def verify(target_params, config, state: DecodeState, draft_BxN,
+           tree: Tree | RowTree | None = None):
     """Target logits [B, N+1, V] for the last token and the N draft nodes of `tree` (default: a
-    chain), in one call with tree attention, nodes in scratch slots length - 1 + feed index; the
-    updated cache; and the hidden states [B, N+1, D] (D = 0 when the state keeps none)."""
+    chain; a `RowTree`: one per row), in one call with tree attention, nodes in scratch slots
+    length - 1 + feed index; the updated cache; and the hidden states [B, N+1, D] (D = 0 when
+    the state keeps none)."""
     B, N = draft_BxN.shape
     tree = chain(N) if tree is None else tree
     base_B = state.lengths_B - 1
@@ -106,7 +108,7 @@ def verify(target_params, config, state: DecodeState, draft_BxN, tree: Tree | No
 
 
 def accept(key, logits_BxN1xV, draft_BxN, q: DraftProbs | None, sampling: Sampling,
-           gamma_B=None, tree: Tree | None = None):
+           gamma_B=None, tree: Tree | DynamicTree | None = None, rows: RowTree | None = None):
     """(n_accepted [B], emitted [B, D+1], path [B, D+1]) for the N draft nodes of `tree`
     (default: a chain) and depth D: row b keeps emitted[b, :n + 1], the tokens of its accepted
     nodes (feed indices path[b, 1:n + 1]; path[b, 0] = 0 is the root) and then the target's.
@@ -119,8 +121,11 @@ def accept(key, logits_BxN1xV, draft_BxN, q: DraftProbs | None, sampling: Sampli
     given the siblings before it), and after a rejection replace r by normalize(max(r - q_i, 0));
     after an acceptance r is p at the child. The correction (past a leaf, the bonus token) is
     drawn from the final r. `q` is None when greedy. `key` is one key, or one per row [B].
+    A dynamic tree (greedy) gives each row's topology in `rows`.
     """
     B, N = draft_BxN.shape
+    if rows is not None:
+        return _accept_rows(argmax(logits_BxN1xV), draft_BxN, rows.parent_BxN, tree.max_depth)
     tree = chain(N) if tree is None else tree
     gamma_B = jnp.full((B,), N) if gamma_B is None else gamma_B
     k_accept, k_fix = _split(key, 2)
@@ -173,6 +178,25 @@ def accept(key, logits_BxN1xV, draft_BxN, q: DraftProbs | None, sampling: Sampli
     emitted_BxD1 = jnp.where(jnp.arange(tree.max_depth + 1) == n_B[:, None], fix_B[:, None],
                              nodes_BxD1)
     return n_B, emitted_BxD1, path_BxD1
+
+
+def _accept_rows(target_BxN1, draft_BxN, parent_BxN, depth: int):
+    """Greedy acceptance over a topology per row: from the root, descend to the child whose
+    token is the target's argmax at its parent, `depth` levels at most."""
+    B = draft_BxN.shape[0]
+    rows_B = jnp.arange(B)
+    node_B, live_B, n_B = jnp.zeros((B,), jnp.int32), jnp.ones((B,), bool), jnp.zeros((B,),
+                                                                                   jnp.int32)
+    path = [node_B]
+    for _ in range(depth):
+        match_BxN = ((parent_BxN == node_B[:, None]) & live_B[:, None]
+                     & (draft_BxN == target_BxN1[rows_B, node_B][:, None]))
+        live_B = jnp.any(match_BxN, axis=1)
+        node_B = jnp.where(live_B, jnp.argmax(match_BxN, axis=1).astype(jnp.int32) + 1, node_B)
+        n_B += live_B
+        path.append(node_B)
+    path_BxD1 = jnp.stack(path, axis=1)
+    return n_B, jnp.take_along_axis(target_BxN1, path_BxD1, axis=1), path_BxD1
 
 
 def _normalize(r_BxV, fallback_BxV):
@@ -236,7 +260,7 @@ def track(state: DecodeState, gamma_B, n_B) -> DecodeState:
 def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState, *,
                 gamma: int, sampling: Sampling, stop_ids: tuple[int, ...],
                 costs: tuple[float, ...] | None = None, max_steps=None,
-                min_done=None, tree: Tree | None = None) -> DecodeState:
+                min_done=None, tree: Tree | DynamicTree | None = None) -> DecodeState:
     """Run until every row is done. Without `costs` every row drafts `gamma` tokens a step, or
     the nodes of `tree` (then gamma is unused; a chain of gamma is the same tree); with them
     (the step cost of each draft length 0..gamma, relative to a plain step), each row picks its
@@ -257,9 +281,14 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
     def draft_and_verify(t: Tree, state, k_draft):
         """Draft the nodes of `t` and score them and the last token; drafts, q and logits padded
         to the nodes of `top` (only chains are padded)."""
-        g = t.size
+        g, rows = t.size, None
         if not g:
             draft_BxG, q, dstate = jnp.zeros((B, 0), jnp.int32), None, state.drafter_state
+        elif isinstance(t, DynamicTree):
+            draft_BxG, rows, dstate = drafter.spec.propose_dynamic(
+                drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B, k_draft,
+                t, state.features_BxTxD)
+            q = None
         elif t.is_chain:
             draft_BxG, q, dstate = drafter.spec.propose(
                 drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B, k_draft,
@@ -268,7 +297,8 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
             draft_BxG, q, dstate = drafter.spec.propose_tree(
                 drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B, k_draft,
                 sampling, t, vocab, state.features_BxTxD)
-        logits_BxG1xV, cache, feats_BxG1xD = verify(target_params, config, state, draft_BxG, t)
+        logits_BxG1xV, cache, feats_BxG1xD = verify(target_params, config, state, draft_BxG,
+                                                    t if rows is None else rows)
         gamma = top.size
         if g < gamma:
             pad = lambda x: jnp.pad(x, [(0, 0), (0, gamma - g)] + [(0, 0)] * (x.ndim - 2))
@@ -281,7 +311,7 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
                     drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B,
                     k_draft, sampling, gamma, vocab, state.features_BxTxD)[1])
                 q = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), full_q)
-        return draft_BxG, q, dstate, logits_BxG1xV, cache, feats_BxG1xD
+        return draft_BxG, q, dstate, logits_BxG1xV, cache, feats_BxG1xD, rows
 
     def body(state: DecodeState) -> DecodeState:
         key, k_draft, k_accept = _split(state.key, 3)
@@ -299,9 +329,9 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
             branches = [functools.partial(draft_and_verify, chain(g)) for g in lengths]
             out = (branches[0](state, k_draft) if len(branches) == 1 else
                    jax.lax.switch(branch, branches, state, k_draft))
-        draft_BxN, q, dstate, logits_BxN1xV, cache, feats_BxN1xD = out
+        draft_BxN, q, dstate, logits_BxN1xV, cache, feats_BxN1xD, rows = out
         n_B, emitted_BxD1, path_BxD1 = accept(k_accept, logits_BxN1xV, draft_BxN, q, sampling,
-                                              gamma_B, top)
+                                              gamma_B, top, rows)
         cache = compact(cache, state.lengths_B - 1, path_BxD1, n_B)
         feats_BxD1xD = jnp.take_along_axis(feats_BxN1xD, path_BxD1[..., None], axis=1)
         state = track(state, gamma_B, n_B)
@@ -324,7 +354,8 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
 
 def run(target_params, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key, *,
         config: ModelConfig, gamma: int, sampling: Sampling, stop_ids: tuple[int, ...],
-        costs: tuple[float, ...] | None = None, tree: Tree | None = None) -> DecodeState:
+        costs: tuple[float, ...] | None = None,
+        tree: Tree | DynamicTree | None = None) -> DecodeState:
     """Prefill and decode; jit this with everything after `*` static."""
     state = prefill(target_params, config, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key)
     return decode_loop(target_params, config, drafter, state, gamma=gamma, sampling=sampling,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -86,16 +87,80 @@ class Tree:
         return base_B, self.depth_N1, self.ancestors_N1xN1[rows]
 
 
+@dataclasses.dataclass(frozen=True)
+class DynamicTree:
+    """EAGLE-2's dynamic tree (Li et al. 2024), greedy: every step and row the drafter expands
+    the `width` most likely nodes of each depth (by path probability) into their `width` most
+    likely children, down to `depth`, and the target verifies the `budget` nodes of highest
+    path probability. The settings are static; each row's topology is data (`RowTree`)."""
+
+    budget: int
+    depth: int
+    width: int
+
+    def __post_init__(self):
+        if min(self.budget, self.depth, self.width) < 1:
+            raise UserError(f"a dynamic tree needs budget, depth and width >= 1, got {self}")
+        if self.budget > self.candidates:
+            raise UserError(f"a dynamic tree of depth {self.depth} and width {self.width} "
+                            f"drafts {self.candidates} candidates; budget {self.budget} is more")
+
+    @property
+    def candidates(self) -> int:
+        return self.width + (self.depth - 1) * self.width ** 2
+
+    size = property(lambda self: self.budget)
+    max_depth = property(lambda self: self.depth)
+    is_chain = False
+
+
+@flax.struct.dataclass
+class RowTree:
+    """One step's dynamic tree, a topology per row: the feed index of each node's parent
+    [B, N] (0: the root; -1: none, a node never accepted) and each feed index's depth [B, N+1].
+    Nodes come in feed order, parents first."""
+
+    parent_BxN: jnp.ndarray
+    depth_N1: jnp.ndarray  # [B, N + 1]
+
+    @property
+    def ancestors_BxN1xN1(self):
+        """[b, k, j]: feed index j is k or an ancestor of k in row b."""
+        B, N = self.parent_BxN.shape
+        eye_N1xN1 = jnp.eye(N + 1, dtype=bool)
+        rows = [jnp.broadcast_to(eye_N1xN1[0], (B, N + 1))]
+        for i in range(N):
+            par_B = jnp.maximum(self.parent_BxN[:, i], 0)
+            rows.append(jnp.stack(rows, axis=1)[jnp.arange(B), par_B] | eye_N1xN1[i + 1])
+        return jnp.stack(rows, axis=1)
+
+    def region(self, base_B, nodes=None):
+        """`forward`'s `tree` argument for the root and every node (see `Tree.region`)."""
+        return base_B, self.depth_N1, self.ancestors_BxN1xN1
+
+
+def make_tree(choices) -> Tree | DynamicTree:
+    """A tree from Medusa/EAGLE "choices" (see `make_tree_paths`), a `Tree`, or a `DynamicTree`
+    (also as "dynamic:BUDGET[:DEPTH[:WIDTH]]", depth 4 and width 4 by default)."""
+    if isinstance(choices, (Tree, DynamicTree)):
+        return choices
+    if isinstance(choices, str) and choices.startswith("dynamic"):
+        parts = choices.split(":")[1:]
+        if not parts or len(parts) > 3 or not all(p.isdigit() for p in parts):
+            raise UserError(f"a dynamic tree is dynamic:BUDGET[:DEPTH[:WIDTH]], got {choices!r}")
+        budget, depth, width = (list(map(int, parts)) + [4, 4])[:3]
+        return DynamicTree(budget, depth, width)
+    return make_tree_paths(choices)
+
+
 def chain(n: int) -> Tree:
     """n drafts in a row: gamma = n."""
     return Tree(tuple((0,) * d for d in range(1, n + 1)))
 
 
-def make_tree(choices) -> Tree:
+def make_tree_paths(choices) -> Tree:
     """A tree from Medusa/EAGLE "choices" (paths of candidate ranks, e.g. [(0,), (1,), (0, 0)]),
     checked: non-empty paths of ranks >= 0, no duplicates, and each path's parent present."""
-    if isinstance(choices, Tree):
-        return choices
     paths = []
     for c in choices:
         if isinstance(c, (str, bytes)) or not hasattr(c, "__iter__"):
@@ -123,7 +188,7 @@ def full_tree(widths) -> Tree:
     for w in widths:
         level = [p + (r,) for p in level for r in range(int(w))]
         paths += level
-    return make_tree(paths)
+    return make_tree_paths(paths)
 
 
 def _draw(key, logits_xK, R: int, sampling: Sampling):

@@ -7,6 +7,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxspec.config import RopeScaling
 from jaxspec.errors import UserError
@@ -119,14 +120,19 @@ def tree_view(T: int, base_B, depth_M, visible_SxM):
     """How S queries see a cache of T slots whose slots base .. base + M - 1 hold a token tree
     (slot base + m: position base + depth_M[m]): the position each slot holds [B, T], and which
     slots each query may see [B, S, T] (outside the tree every slot, by position as usual;
-    inside only those `visible_SxM` marks, e.g. the query's ancestors)."""
-    M = len(depth_M)
+    inside only those `visible_SxM` marks, e.g. the query's ancestors). A tree of its own per
+    row (a dynamic tree) gives depth [B, M] and visible [B, S, M]."""
+    B, M = base_B.shape[0], np.shape(depth_M)[-1]
+    S = np.shape(visible_SxM)[-2]
     t_T = jnp.arange(T)
     off_BxT = t_T - base_B[:, None]
     inside_BxT = (off_BxT >= 0) & (off_BxT < M)
     at_BxT = jnp.clip(off_BxT, 0, M - 1)
-    kv_pos_BxT = jnp.where(inside_BxT, base_B[:, None] + jnp.asarray(depth_M)[at_BxT], t_T)
-    seen_BxSxT = jnp.moveaxis(jnp.asarray(visible_SxM)[:, at_BxT], 0, 1)
+    depth_BxM = jnp.broadcast_to(jnp.asarray(depth_M), (B, M))
+    visible_BxSxM = jnp.broadcast_to(jnp.asarray(visible_SxM), (B, S, M))
+    kv_pos_BxT = jnp.where(inside_BxT,
+                           base_B[:, None] + jnp.take_along_axis(depth_BxM, at_BxT, axis=1), t_T)
+    seen_BxSxT = jnp.take_along_axis(visible_BxSxM, at_BxT[:, None, :], axis=2)
     return kv_pos_BxT, seen_BxSxT | ~inside_BxT[:, None]
 
 
