@@ -5,9 +5,9 @@ Each round, n-gram lookup proposes k tokens after the draft so far; the drafter 
 two tokens and all k proposals in one call and keeps the proposals it agrees with, up to the
 first it refuses, plus one token of its own. Greedy, it agrees when a proposal is its argmax;
 sampling, it keeps a proposal x with probability q(x) and otherwise draws from q without x, so
-each draft is distributed as q. Either way the drafts and their q are exactly the drafter's
-own: the target sees the same proposals, and the drafter runs once per round instead of once
-per token.
+each draft is distributed as q. Either way the drafts and their q are the drafter's own (up to
+the rounding of scoring several positions in one call), and the drafter runs once per round
+instead of once per token.
 """
 
 from __future__ import annotations

@@ -7,9 +7,6 @@ on one prompt, with a head that is accepted often (so deep paths are accepted) a
 and bad settings are refused.
 """
 
-import importlib.util
-import pathlib
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -23,16 +20,8 @@ from jaxspec.errors import UserError
 from jaxspec.models import layers as L
 
 
-def _sibling(name):
-    spec = importlib.util.spec_from_file_location(name, pathlib.Path(__file__).with_name(
-        f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_hidden = _sibling("test_hidden_drafters")
-PROMPTS, MAX_NEW = _hidden.PROMPTS, _hidden.MAX_NEW
+PROMPTS = [[5, 17, 3, 22, 9, 41, 5, 17, 3], [7], [12, 30] * 9 + [1], [60, 2, 33]]
+MAX_NEW = [23, 31, 9, 17]
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +31,12 @@ def one_layer(tiny):
 
 @pytest.fixture(scope="module")
 def clone(one_layer):
-    """An EAGLE head that is nearly its one-layer target: most drafts are accepted."""
-    return hidden_drafter(one_layer, "eagle", _hidden._clone_eagle_head(one_layer))
+    """An EAGLE head that is nearly its one-layer target (its layer, fed the drafted token's
+    embedding scaled to the target's; test_hidden_drafters.py): most drafts are accepted."""
+    D = one_layer.config.hidden_size
+    head = head_params("eagle", one_layer.config, 4, jax.random.key(0), one_layer.params)
+    fc = jnp.concatenate([jnp.zeros((D, D)), 0.5 * jnp.eye(D)], axis=0)
+    return hidden_drafter(one_layer, "eagle", {**head, "fc": fc})
 
 
 @pytest.fixture(scope="module")
