@@ -246,7 +246,7 @@ class HiddenSpec:
     def drafts_dynamic_trees(self) -> bool:
         return self.kind == "eagle"
 
-    def propose_dynamic(self, params, state, tokens_BxT, lengths_B, key, dtree, features_BxTxD):
+    def propose_dynamic(self, params, state, tokens_BxT, lengths_B, dtree, features_BxTxD):
         """EAGLE-2's dynamic tree (greedy; `trees.DynamicTree`): from the root, the `width`
         candidates of highest path probability at each depth are expanded into their `width`
         most likely children, one EAGLE call per depth (scratch slots past the last caught-up

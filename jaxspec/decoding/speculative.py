@@ -286,8 +286,8 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
             draft_BxG, q, dstate = jnp.zeros((B, 0), jnp.int32), None, state.drafter_state
         elif isinstance(t, DynamicTree):
             draft_BxG, rows, dstate = drafter.spec.propose_dynamic(
-                drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B, k_draft,
-                t, state.features_BxTxD)
+                drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B, t,
+                state.features_BxTxD)
             q = None
         elif t.is_chain:
             draft_BxG, q, dstate = drafter.spec.propose(

@@ -78,8 +78,7 @@ def _dynamic(drafter, target, prompts, dtree):
     state = speculative.prefill(target.params, target.config, drafter, tokens_BxT, lengths_B,
                                 jnp.full((B,), 8), jax.random.key(0))
     return drafter.spec.propose_dynamic(drafter.params, state.drafter_state, tokens_BxT,
-                                        lengths_B, jax.random.key(1), dtree,
-                                        state.features_BxTxD), state
+                                        lengths_B, dtree, state.features_BxTxD), state
 
 
 def test_width_one_is_the_heads_chain(one_layer, clone):
