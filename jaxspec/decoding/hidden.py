@@ -264,7 +264,7 @@ class HiddenSpec:
         base_B = lengths_B - 2  # the root's slot, EAGLE's last caught-up position
         cache, root_BxD = self._catch_up(params, state, tokens_BxT, lengths_B, features_BxTxD)
         # Head slots base + m: m = 0 the root, then `width` expanded nodes per depth 1 .. D - 1.
-        M = 1 + K * (D - 1)
+        M = 1 + dtree.expanded
         depth_M = np.array([0] + [d for d in range(1, D) for _ in range(K)], np.int32)
         h_BxMxD = jnp.zeros((B, M) + root_BxD.shape[1:], root_BxD.dtype).at[:, 0].set(root_BxD)
         seen_BxMxM = jnp.zeros((B, M, M), bool).at[:, 0, 0].set(True)  # root, ancestors, self

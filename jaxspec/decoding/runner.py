@@ -271,7 +271,7 @@ class Decoder:
         lengths = np.array([len(r) for r in ids])
         reserve = gamma  # a dynamic tree's drafter also writes its expanded nodes
         if isinstance(tree, trees.DynamicTree):
-            reserve = max(gamma, tree.width * (tree.depth - 1))
+            reserve = max(gamma, tree.expanded)
         T = cache_len(lengths, max_new, reserve, target.config.max_position,
                       f"{reserve} tree nodes" if tree is not None else "gamma")
         tokens, lengths_p, max_new_p = _pad_batch(ids, max_new, T, target.config.pad_token_id,

@@ -71,7 +71,9 @@ class StagedSpec:
                 out_BxJ, q_BxJxK = own_BxJ, None
             else:
                 q_BxJxK = dist
-                q_prop_BxK = _mass(q_BxJxK[:, :k], prop_BxK, ids_K)
+                q_BxKxK = q_BxJxK[:, :k]
+                q_prop_BxK = DraftProbs(q_BxKxK, None if ids_K is None else
+                                        jnp.broadcast_to(ids_K, q_BxKxK.shape)).of(prop_BxK)
                 kept_BxK = jax.random.uniform(k_keep, (B, k)) < q_prop_BxK
                 off_BxJxK = jnp.concatenate(  # q without the proposal, for refused positions
                     [_without(q_BxJxK[:, :k], prop_BxK, ids_K), q_BxJxK[:, k:]], axis=1)
@@ -102,13 +104,6 @@ class StagedSpec:
             return draft_BxG, None, cache
         ids = None if ids_K is None else jnp.broadcast_to(ids_K, q.shape)
         return draft_BxG, DraftProbs(q, ids), cache
-
-
-def _mass(q_BxJxK, tok_BxJ, ids_K):
-    """q of each token [B, J] (a subset head's q sits on ids_K)."""
-    if ids_K is None:
-        return jnp.take_along_axis(q_BxJxK, tok_BxJ[..., None], axis=-1)[..., 0]
-    return jnp.sum(jnp.where(ids_K == tok_BxJ[..., None], q_BxJxK, 0.0), axis=-1)
 
 
 def _without(q_BxJxK, tok_BxJ, ids_K):

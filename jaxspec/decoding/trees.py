@@ -109,6 +109,12 @@ class DynamicTree:
     def candidates(self) -> int:
         return self.width + (self.depth - 1) * self.width ** 2
 
+    @property
+    def expanded(self) -> int:
+        """Nodes the drafter expands (each in a scratch slot of its cache): width per depth
+        but the last."""
+        return self.width * (self.depth - 1)
+
     size = property(lambda self: self.budget)
     max_depth = property(lambda self: self.depth)
     is_chain = False
@@ -134,7 +140,7 @@ class RowTree:
             rows.append(jnp.stack(rows, axis=1)[jnp.arange(B), par_B] | eye_N1xN1[i + 1])
         return jnp.stack(rows, axis=1)
 
-    def region(self, base_B, nodes=None):
+    def region(self, base_B):
         """`forward`'s `tree` argument for the root and every node (see `Tree.region`)."""
         return base_B, self.depth_N1, self.ancestors_BxN1xN1
 
