@@ -46,7 +46,7 @@ def _norm(x):
 
 
 def _embed(shared, config: ModelConfig, tokens):
-    e = shared["embed"][tokens].astype(jnp.float32)
+    e = L.embed(shared["embed"], tokens)
     return _norm(e)  # Gemma's sqrt(D) scale vanishes in the norm
 
 
@@ -121,7 +121,8 @@ class HiddenSpec:
 
     def init(self, params, tokens_BxT, lengths_B, features_BxTxD):
         """EAGLE's cache over every position at once (slots past a row's text hold padding,
-        which its drafting overwrites before any query reads them)."""
+        which its drafting overwrites before any query reads them; 2 ms for Gemma 3 over 256
+        slots, where a loop over chunks took 84: it copies the shared embedding every trip)."""
         if self.kind != "eagle":
             return ()
         B, T = tokens_BxT.shape

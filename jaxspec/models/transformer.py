@@ -65,7 +65,7 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
         raise UserError(f"{tokens_BxS.shape[1]} tokens do not fit a cache of {cache.max_len} "
                          f"slots")
     embed_VxD = params["embed"]
-    x = embed_VxD[tokens_BxS].astype(jnp.float32)  # activations are float32 in every precision
+    x = L.embed(embed_VxD, tokens_BxS)  # activations are float32 in every precision
     if config.arch == "gemma3":
         x = x * jnp.asarray(config.hidden_size ** 0.5, x.dtype)
     rope_global = L.rope_angles(positions_BxS, L.rope_inv_freq(
