@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -14,3 +15,9 @@ def write_atomic(path: Path, text: str) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def parse_jsonl(text: str) -> list:
+    """One JSON value per non-empty line. Lines end at "\n" only: `str.splitlines` also breaks at
+    U+2028, U+0085 and other characters a JSON string may hold raw (distilled text does)."""
+    return [json.loads(line) for line in text.split("\n") if line.strip()]

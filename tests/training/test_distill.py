@@ -121,3 +121,19 @@ def test_stop_token_ends_each_response(tmp_path):
                     block_size=2, batch_size=2, stop=stop)
     first = distill.read_distilled(tmp_path)[0]["response_ids"]
     assert first == free.token_ids[0][:free.token_ids[0].index(stop_id) + 1]
+
+
+def test_shards_read_back_text_holding_unicode_line_breaks(tmp_path):
+    """Shards keep text raw (ensure_ascii off); U+2028 and U+0085, which `str.splitlines` breaks
+    at, must not split a record (a German source sentence the target wrote held U+2028)."""
+    config = ModelConfig(arch="llama", vocab_size=264, hidden_size=32, num_layers=1, num_heads=4,
+                         num_kv_heads=2, head_dim=8, intermediate_size=64, max_position=128)
+    target = Model(config, init_params(config, jax.random.key(0)), data.byte_tokenizer())
+    prompts = ["Bedeutung \u2028.", "Ende\x85 gut", "plain"]
+    distill.distill(target, prompts, tmp_path, temperatures=(0.0,), max_new_tokens=3,
+                    block_size=3, batch_size=3)
+    assert [r["prompt"] for r in distill.read_distilled(tmp_path)] == prompts
+    jsonl = tmp_path / "texts.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": p}, ensure_ascii=False) + "\n" for p in prompts),
+                     encoding="utf-8")
+    assert [r["text"] for r in data.read_text(jsonl)] == prompts
