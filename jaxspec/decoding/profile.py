@@ -71,10 +71,14 @@ def target_ms(model, sizes=SIZES, cache_len: int = 256, repeats: int = 10) -> di
     return out
 
 
-def drafter_ms(drafter, config, gamma: int = 4, cache_len: int = 256,
+def drafter_ms(drafter, config, gamma: int = 1, cache_len: int = 256,
                repeats: int = 10) -> float:
     """Milliseconds per drafted token: one greedy `propose` of `gamma` tokens for a target with
-    `config`, divided by gamma."""
+    `config`, divided by gamma. One token by default: a call's fixed part (EAGLE refeeds its
+    last 16 positions) is paid by every drafting step, and in the decode loop a drafted token
+    cost more than a call timed alone (Gemma 3 with the de->en head, 2026-12-04: 3.1 ms for one
+    token alone; 4.5 ms a token in the loop between gamma 1 and 3), so averaging over 4 tokens
+    (1.5 ms) made gamma "auto" draft too long: 1.064x against gamma 1's 1.189x."""
     spec = drafter.spec
     tokens = jnp.ones((1, cache_len), jnp.int32)
     lengths = jnp.array([cache_len // 2], jnp.int32)
@@ -98,8 +102,12 @@ def machine_id() -> str:
     return f"{cpu}|{os.cpu_count()} cores|{devices[0].device_kind} x{len(devices)}|jax {jax.__version__}"
 
 
+_FORMAT = 2  # bump when a measurement changes meaning: older cached profiles are not reused
+
+
 def _cache_path(model, model_name: str, dtype: str, drafter: str | None):
-    key = hashlib.sha256(f"{model_name}|{model.config!r}|{dtype}|{drafter}|{machine_id()}"
+    key = hashlib.sha256(f"{model_name}|{model.config!r}|{dtype}|{drafter}|{machine_id()}|"
+                         f"{_FORMAT}"
                          .encode()).hexdigest()
     return cache_root() / "profile" / f"{key[:16]}.json"
 
