@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any, Iterator
+
+from jaxspec.errors import UserError
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -17,7 +20,14 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def parse_jsonl(text: str) -> list:
-    """One JSON value per non-empty line. Lines end at "\n" only: `str.splitlines` also breaks at
-    U+2028, U+0085 and other characters a JSON string may hold raw (distilled text does)."""
-    return [json.loads(line) for line in text.split("\n") if line.strip()]
+def read_jsonl(path) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object) of each non-blank line; invalid JSON raises with the line.
+    Lines end at "\n" only: `str.splitlines` also breaks at U+2028, U+0085 and other characters
+    a JSON string may hold raw (distilled text does)."""
+    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as err:
+            raise UserError(f"{path}:{lineno}: invalid JSON ({err.msg})") from err

@@ -19,9 +19,10 @@ import math
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from jaxspec.errors import UserError
+from jaxspec.files import read_jsonl
 
 PathLike = str | os.PathLike[str]
 
@@ -108,22 +109,11 @@ def _answer_problem(obj: Any) -> str | None:
     return None
 
 
-def _jsonl(path: PathLike) -> Iterator[tuple[int, Any]]:
-    """(line number, parsed object) of each non-blank line; invalid JSON raises with the line."""
-    for lineno, line in enumerate(Path(path).read_text(encoding="utf-8").split("\n"), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield lineno, json.loads(line)
-        except json.JSONDecodeError as err:
-            raise UserError(f"{path}:{lineno}: invalid JSON ({err.msg})") from err
-
-
 def read_questions(path: PathLike) -> list[dict]:
     """Read a Spec-Bench `question.jsonl`; blank lines are ignored, anything malformed raises."""
     questions: list[dict] = []
     seen: dict[Any, int] = {}
-    for lineno, obj in _jsonl(path):
+    for lineno, obj in read_jsonl(path):
         problem = _question_problem(obj)
         if problem is not None:
             raise UserError(f"{path}:{lineno}: {problem}")
@@ -217,7 +207,7 @@ def append_answer(path: PathLike, record: dict) -> None:
 def read_references(path: PathLike) -> dict[Any, str]:
     """Reference translations: JSONL lines `{"question_id": ..., "reference": "..."}`."""
     refs: dict[Any, str] = {}
-    for lineno, obj in _jsonl(path):
+    for lineno, obj in read_jsonl(path):
         if not isinstance(obj, dict) or not _is_id(obj.get("question_id")) \
                 or not isinstance(obj.get("reference"), str):
             raise UserError(f"{path}:{lineno}: expected {{\"question_id\", \"reference\"}}")

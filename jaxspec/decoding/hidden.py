@@ -121,8 +121,8 @@ class HiddenSpec:
 
     def init(self, params, tokens_BxT, lengths_B, features_BxTxD):
         """EAGLE's cache over every position at once (slots past a row's text hold padding,
-        which its drafting overwrites before any query reads them; 2 ms for Gemma 3 over 256
-        slots, where a loop over chunks took 84: it copies the shared embedding every trip)."""
+        which its drafting overwrites before any query reads them). One call: for Gemma 3 over
+        256 slots 2 ms, where a `fori_loop` over 64-slot chunks measured 84 ms."""
         if self.kind != "eagle":
             return ()
         B, T = tokens_BxT.shape

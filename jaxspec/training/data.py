@@ -19,7 +19,7 @@ import numpy as np
 
 from jaxspec.decoding.runner import generate
 from jaxspec.errors import UserError
-from jaxspec.files import parse_jsonl
+from jaxspec.files import read_jsonl
 
 LANGUAGES = {"de": "German", "en": "English", "fr": "French", "ja": "Japanese", "ru": "Russian",
              "zh": "Chinese", "es": "Spanish", "it": "Italian", "cs": "Czech", "fi": "Finnish"}
@@ -90,7 +90,8 @@ def read_specbench(path: str | Path) -> list[dict]:
 def read_sharegpt(path: str | Path) -> list[dict]:
     """First user turn and the reply to it, from ShareGPT-style JSON (a list) or JSONL."""
     text = Path(path).read_text(encoding="utf-8")
-    items = json.loads(text) if text.lstrip().startswith("[") else parse_jsonl(text)
+    items = (json.loads(text) if text.lstrip().startswith("[") else
+             [obj for _, obj in read_jsonl(path)])
     records = []
     for item in items:
         turns = item.get("conversations") or item.get("messages") or []
@@ -111,10 +112,10 @@ def read_sharegpt(path: str | Path) -> list[dict]:
 def read_text(path: str | Path, key: str = "text") -> list[dict]:
     """Plain text (one text per non-empty line) or JSONL (field `key` of each object)."""
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
     if path.suffix == ".jsonl":
-        return [{"text": item[key]} for item in parse_jsonl(text)]
-    return [{"text": ln.strip()} for ln in text.splitlines() if ln.strip()]
+        return [{"text": obj[key]} for _, obj in read_jsonl(path)]
+    return [{"text": ln.strip()} for ln in path.read_text(encoding="utf-8").splitlines()
+            if ln.strip()]
 
 
 def split_sentences(text: str, min_chars: int = 4) -> list[str]:

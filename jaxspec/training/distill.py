@@ -29,7 +29,7 @@ import numpy as np
 
 from jaxspec.decoding.runner import cache_len, decode_text, encode_prompts, stream_generate
 from jaxspec.errors import UserError
-from jaxspec.files import parse_jsonl, write_atomic
+from jaxspec.files import read_jsonl, write_atomic
 
 MANIFEST = "manifest.json"
 
@@ -190,5 +190,5 @@ def read_distilled(out_dir: str | os.PathLike, require_complete: bool = True) ->
     records = []
     for n in names:
         if (out_dir / n).exists():
-            records.extend(parse_jsonl((out_dir / n).read_text(encoding="utf-8")))
+            records.extend(obj for _, obj in read_jsonl(out_dir / n))
     return records
