@@ -75,6 +75,12 @@ class HiddenSpec:
     tuned_tree: tuple[tuple[int, ...], ...] | None = None
     reads_features = True
 
+    @property
+    def cost_key(self) -> str:
+        """Heads of one kind and depth cost the same in the decode loop, whatever their
+        language (their head rows differ by a few hundred), so they share one measurement."""
+        return f"{self.kind}-depth{self.depth}"
+
     def validate(self, params, target) -> None:
         c, t = self.config, target.config
         for field in ("hidden_size", "vocab_size", "arch"):

@@ -1,5 +1,6 @@
 """`jaxspec profile`: what a target call over S new positions costs next to one position, what
-a drafter costs per drafted token, and how close a step comes to the memory roofline.
+a drafter costs per drafted token, how close a step comes to the memory roofline, and what a
+whole decode-loop step drafting gamma tokens costs next to a plain one (`step_costs`).
 
 Results are cached per (model and its config, dtype, drafter, machine) under
 `$JAXSPEC_CACHE/profile/`, so planners (adaptive gamma) read them without measuring again.
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.decoding.plan import per_position_acceptance, plan
-from jaxspec.decoding.runner import speculative_generate
+from jaxspec.decoding.runner import generate, speculative_generate
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.decoding.speculative import cache_dtype, reads_features
 from jaxspec.errors import UserError
@@ -74,11 +75,9 @@ def target_ms(model, sizes=SIZES, cache_len: int = 256, repeats: int = 10) -> di
 def drafter_ms(drafter, config, gamma: int = 1, cache_len: int = 256,
                repeats: int = 10) -> float:
     """Milliseconds per drafted token: one greedy `propose` of `gamma` tokens for a target with
-    `config`, divided by gamma. One token by default: a call's fixed part (EAGLE refeeds its
-    last 16 positions) is paid by every drafting step, and in the decode loop a drafted token
-    cost more than a call timed alone (Gemma 3 with the de->en head, 2026-12-04: 3.1 ms for one
-    token alone; 4.5 ms a token in the loop between gamma 1 and 3), so averaging over 4 tokens
-    (1.5 ms) made gamma "auto" draft too long: 1.064x against gamma 1's 1.189x."""
+    `config`, divided by gamma (one by default: a call's fixed part, EAGLE's refeed of its last
+    16 positions, is paid by every drafting step). A call timed alone costs less than in the
+    decode loop (`loop_ms`), so gamma "auto" plans from the loop."""
     spec = drafter.spec
     tokens = jnp.ones((1, cache_len), jnp.int32)
     lengths = jnp.array([cache_len // 2], jnp.int32)
@@ -90,6 +89,30 @@ def drafter_ms(drafter, config, gamma: int = 1, cache_len: int = 256,
     ms = 1e3 * _best_of(lambda: propose(drafter.params, state, tokens, lengths, key, feats),
                         repeats)
     return ms / gamma
+
+
+def loop_ms(target, drafter, gammas, rounds: int = 3) -> dict[int, float]:
+    """Milliseconds per step of the decode loop drafting gamma tokens a step (0: plain
+    decoding), greedy, batch 1, for each of `gammas`: the slope of wall time against steps
+    between a short and a long output of one prompt (one compiled shape, so prefill and dispatch
+    cancel). The lengths are timed in turn for `rounds` rounds and each output keeps its fastest
+    time, so a burst of noise on the machine does not fall on one length alone."""
+    prompt = [[2 + i % 11 for i in range(16)]]
+
+    def call(g: int, n: int):
+        if g == 0:
+            return generate(target, prompt, max_new_tokens=n)
+        return speculative_generate(target, drafter, prompt, gamma=g, max_new_tokens=n)
+
+    outputs = (16, 96)
+    best = {(g, n): np.inf for g in gammas for n in outputs}
+    steps = {(g, n): len(call(g, n).accept_lengths[0]) for g in gammas for n in outputs}
+    for _ in range(rounds):
+        for g in gammas:
+            for n in outputs:
+                best[g, n] = min(best[g, n], call(g, n).wall_time_s)
+    return {g: 1e3 * max(best[g, 96] - best[g, 16], 1e-9) / max(steps[g, 96] - steps[g, 16], 1)
+            for g in gammas}
 
 
 def machine_id() -> str:
@@ -138,6 +161,24 @@ def profile(model, model_name: str, drafter=None, drafter_name: str | None = Non
     return result
 
 
+def step_costs(model, model_name: str, drafter, drafter_name: str, gamma_max: int) -> list[float]:
+    """The cost of a decode-loop step drafting 0..gamma_max tokens, in plain steps, measured
+    (`loop_ms`) and cached with the drafter's profile; a longer draft is taken to cost at least
+    what a shorter one does. The loop costs more than its parts (Gemma 3 bfloat16 with the de->en
+    head, 2026-12-05: a gamma-1 step 1.07 plain steps, each further draft about +0.09, where the
+    profile's verify and one-token drafter costs predicted +0.04 to +0.06), and planned from the
+    parts, gamma "auto" drafted too long."""
+    result = profile(model, model_name, drafter, drafter_name)
+    ms = dict(result.get("loop_ms", {}))
+    missing = [g for g in range(gamma_max + 1) if str(g) not in ms]
+    if missing:
+        ms.update({str(g): round(t, 4) for g, t in loop_ms(model, drafter, missing).items()})
+        result = {**result, "loop_ms": ms}
+        write_atomic(_cache_path(model, model_name, result["dtype"], drafter_name),
+                     json.dumps(result, indent=1))
+    return list(np.maximum.accumulate([ms[str(g)] / ms["0"] for g in range(gamma_max + 1)]))
+
+
 def format_profile(r: dict) -> str:
     lines = [f"{r['model']} ({r['dtype']}), {r['machine']}",
              "S        " + " ".join(f"{s:>7}" for s in r["target_ms"]),
@@ -149,17 +190,21 @@ def format_profile(r: dict) -> str:
     if "c" in r:
         lines.append(f"drafter {r['drafter']}: {r['drafter_ms_per_token']:.2f} ms per drafted "
                      f"token, c = {r['c']:.3f} of a target step")
+    if "loop_ms" in r:
+        loop = r["loop_ms"]
+        lines.append("decode-loop step by gamma: " + ", ".join(
+            f"{g}: {t:.1f} ms ({t / loop['0']:.3f})" for g, t in loop.items()))
     return "\n".join(lines)
 
 
 def plan_drafter(target, target_name: str, drafter, drafter_name: str, prompts,
                  gamma_max: int = 8, max_new_tokens: int = 64, **generate_kw):
     """`Plan` for `drafter` on `target`: acceptance measured on `prompts` at draft length
-    `gamma_max`, costs from the (cached) profile."""
+    `gamma_max`, step costs measured in the decode loop (cached)."""
     if not 1 <= gamma_max < SIZES[-1]:
         raise UserError(f"gamma_max must be in [1, {SIZES[-1] - 1}], got {gamma_max}")
-    prof = profile(target, target_name, drafter, drafter_name)
+    costs_G1 = step_costs(target, target_name, drafter, drafter_name, gamma_max)
     r = speculative_generate(target, drafter, prompts, gamma=gamma_max,
                              max_new_tokens=max_new_tokens, **generate_kw)
     accept_G = per_position_acceptance(r.accept_lengths, gamma_max)
-    return plan(accept_G, prof["relative_cost"], prof["c"], range(gamma_max + 1))
+    return plan(accept_G, costs_G1, range(gamma_max + 1))

@@ -132,14 +132,14 @@ def _check_tree(tree, drafter):
 
 
 def _auto_costs(target, drafter, gamma_max: int, costs) -> tuple[float, ...]:
-    """Step cost of each draft length 0..gamma_max relative to a plain step: given, or from the
-    measured (and cached) profile of this target and drafter on this machine."""
+    """Step cost of each draft length 0..gamma_max relative to a plain step: given, or measured
+    in the decode loop (and cached) for this target and drafter, or one that costs the same
+    (`cost_key`), on this machine."""
     if costs is None:
-        from jaxspec.decoding import plan, profile  # profile runs decoding: import when used
+        from jaxspec.decoding import profile  # profile runs decoding: import when used
 
-        prof = profile.profile(target, target.name, drafter, drafter.name)
-        costs = [plan.step_cost(g, prof["relative_cost"], prof["c"])
-                 for g in range(gamma_max + 1)]
+        key = getattr(drafter.spec, "cost_key", None) or drafter.name
+        costs = profile.step_costs(target, target.name, drafter, key, gamma_max)
     costs = tuple(float(c) for c in costs)
     if len(costs) != gamma_max + 1 or min(costs) <= 0:
         raise UserError(f"costs must be {gamma_max + 1} positive step costs (draft lengths "

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.decoding.drafters import layer_skip_drafter
-from jaxspec.decoding.plan import plan
+from jaxspec.decoding.plan import plan, step_cost
 from jaxspec.decoding.runner import encode_prompts, generate
 from jaxspec.decoding.sampling import argmax
 from jaxspec.errors import UserError
@@ -133,10 +133,14 @@ def search(agreement: Callable, num_layers: int, relative_cost: dict, c_one: flo
     def cost(kept: int) -> float:
         return c_one + (kept - 1) * (c_full - c_one) / (num_layers - 1)
 
+    def costs_G1(c: float) -> list[float]:
+        return [step_cost(g, relative_cost, c) for g in range(gamma_max + 1)]
+
     def candidate(skip, a) -> Candidate:
-        p = plan(a, relative_cost, cost(num_layers - len(skip)), gammas)
+        c = cost(num_layers - len(skip))
+        p = plan(a, costs_G1(c), gammas)
         g = max(p.speedups, key=p.speedups.get)
-        return Candidate(tuple(sorted(skip)), a, p.c, g, p.speedups[g])
+        return Candidate(tuple(sorted(skip)), a, c, g, p.speedups[g])
 
     skip: tuple[int, ...] = ()
     path = []
@@ -146,7 +150,7 @@ def search(agreement: Callable, num_layers: int, relative_cost: dict, c_one: flo
         a, layer = max(scored)  # ties: the later layer
         skip = skip + (layer,)
         path.append(candidate(skip, a))
-        bound = max(plan(a, relative_cost, c_one, gammas).speedups.values())
+        bound = max(plan(a, costs_G1(c_one), gammas).speedups.values())
         if bound < max(c.expected for c in path):
             break
     return Search(path)

@@ -242,7 +242,7 @@ def advance(state: DecodeState, n_B, emitted_BxG1, stop_ids, target_cache, draft
                          features_BxTxD=feats_BxTxD)
 
 
-_MEMORY = 0.9  # weight of a row's past acceptance per step, for gamma="auto"
+_MEMORY = 0.95  # weight of a row's past tries per step, for gamma="auto": the last ~20 tries
 
 
 def track(state: DecodeState, gamma_B, n_B) -> DecodeState:
@@ -265,7 +265,8 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
     the nodes of `tree` (then gamma is unused; a chain of gamma is the same tree); with them
     (the step cost of each draft length 0..gamma, relative to a plain step), each row picks its
     own length every step (`plan.choose_gamma`); the step runs the shortest compiled length
-    (`plan.branch_lengths`) covering the longest pick, and every live row drafts that length.
+    (`plan.branch_lengths`) covering the longest pick, and every row that picked a draft drafts
+    that length.
 
     `max_steps` and `min_done` (ints or traced scalars; None: no bound) also end the loop after
     that many steps, or once at least that many rows are done: a continuous-batching caller then
@@ -323,9 +324,10 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
                                choose_gamma(state.accepted_B, state.tried_B, costs))
             lengths = branch_lengths(costs)
             branch = jnp.searchsorted(jnp.asarray(lengths), jnp.max(want_B))
-            # Every live row drafts the step's length: its verification is paid for already,
-            # and a longer draft never gains fewer tokens.
-            gamma_B = jnp.where(state.done_B, 0, jnp.asarray(lengths)[branch])
+            # Every row that drafts takes the step's length: its verification is paid for
+            # already, and a longer draft never gains fewer tokens. A row that picked 0 stays
+            # plain: forced misses would only hold it off longer.
+            gamma_B = jnp.where(want_B > 0, jnp.asarray(lengths)[branch], 0)
             branches = [functools.partial(draft_and_verify, chain(g)) for g in lengths]
             out = (branches[0](state, k_draft) if len(branches) == 1 else
                    jax.lax.switch(branch, branches, state, k_draft))

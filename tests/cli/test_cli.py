@@ -179,6 +179,9 @@ def test_bench_writes_answers_and_report(tiny_model, questions, tmp_path, capsys
             assert all(0 <= n <= 8 for n in choice["new_tokens"])
         if name == "ar-t0":
             assert all(a == 1 for r in records for a in r["choices"][0]["accept_lengths"])
+    stamps = [(r["question_id"], r["tstamp"]) for p in answers.values() for r in read_answers(p)]
+    # the methods take turns on each question: a burst of noise falls on all of them
+    assert max(t for q, t in stamps if q == 1) < min(t for q, t in stamps if q == 2)
     report = (run_dir / "report.md").read_text()
     assert report.strip() and report.strip() in printed
     for name in ("ngram", "layerskip"):

@@ -40,20 +40,22 @@ def test_a_useless_drafter_falls_back_to_plain_steps(target, far_model, plain):
     assert np.mean([d for row in res.draft_lengths for d in row]) < 0.5
 
 
-def test_a_useless_drafter_stops_drafting_even_when_drafting_is_nearly_free(target, far_model,
-                                                                          plain):
-    """Under flat costs a draft pays from ~5% acceptance: misses take the rows to gamma 0,
-    and they only probe now and then (the estimate decays back towards the prior; with the
-    old prior of 1 in 2 every step drafted)."""
+def test_a_useless_drafter_costs_little_even_when_drafting_is_nearly_free(target, far_model):
+    """Under flat costs a draft pays from 5% acceptance: a row needs about 10 misses to stop,
+    then only probes now and then (a probe costs 5-10% of a step), so the run's time under the
+    cost model stays within 5% of plain decoding's."""
+    budgets = [60, 50, 70]
+    plain = jaxspec.generate(target, PROMPTS, max_new_tokens=budgets)
     res = jaxspec.speculative_generate(target, far_model, PROMPTS, gamma="auto", gamma_max=4,
-                                       costs=FLAT, max_new_tokens=[24, 17, 30])
-    assert res.token_ids == plain.token_ids
-    drafted = [d for row in res.draft_lengths for d in row[8:]]  # after a few misses
-    assert res.acceptance_rate < 0.05 and np.mean([d > 0 for d in drafted]) < 0.45
+                                       costs=FLAT, max_new_tokens=budgets)
+    assert res.token_ids == plain.token_ids and res.acceptance_rate < 0.05
+    modelled = sum(FLAT[d] for row in res.draft_lengths for d in row)
+    assert modelled <= 1.05 * plain.num_new_tokens
+    assert np.mean([d == 0 for row in res.draft_lengths for d in row[20:]]) > 0.5
 
 
 def test_a_drafter_the_prior_never_picks_is_not_run(target, far_model, plain, monkeypatch):
-    """Under steep costs the prior acceptance (1/2) picks no draft, and only drafting would
+    """Under steep costs the prior acceptance (1/4) picks no draft, and only drafting would
     move it: the call decodes without the drafter (no drafter prefill, exactly plain steps)."""
     import jax
 

@@ -139,7 +139,7 @@ def test_single_prompt_matches_generate(target, drafters, kind, gamma):
 def test_auto_gamma_matches_generate(target, drafters, reference, stop):
     """Each row picks 0..4 drafts a step (one compiled branch per length, features padded)."""
     res = jaxspec.speculative_generate(target, drafters["medusa"], PROMPTS, gamma="auto",
-                                       gamma_max=4, costs=(1.0, 1.05, 1.1, 1.15, 1.2),
+                                       gamma_max=4, costs=(1.0, 1.1, 1.2, 1.3, 1.4),
                                        max_new_tokens=MAX_NEW, stop=stop)
     assert res.token_ids == reference
     for toks, gains, drafted in zip(res.token_ids, res.accept_lengths, res.draft_lengths):
@@ -159,6 +159,28 @@ def test_subset_vocabulary_head_matches_generate(target, free, reference, stop):
                                        max_new_tokens=MAX_NEW, stop=stop)
     assert res.token_ids == reference
     _check_stats(res, 3)
+
+
+def test_heads_of_one_kind_share_their_measured_step_costs(target, drafters, tmp_path,
+                                                          monkeypatch):
+    """gamma="auto" times the decode loop once per kind and depth of head: a second head of
+    another language (other head rows, another name) reuses the first one's costs."""
+    from jaxspec.decoding import profile
+
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(profile, "bandwidth_gbs", lambda: 10.0)
+    head = _head("eagle", target.config, target.params)
+    de = hidden_drafter(target, "eagle", head, depth=DEPTH, name="de-head")
+    fr = hidden_drafter(target, "eagle", head, vocab_ids=list(range(0, 64, 2)), depth=DEPTH,
+                        name="fr-head")
+    measured = []
+    real = profile.loop_ms
+    monkeypatch.setattr(profile, "loop_ms", lambda m, d, gs: measured.append(gs) or real(m, d, gs))
+    for drafter in (de, fr):
+        res = jaxspec.speculative_generate(target, drafter, PROMPTS[:1], gamma="auto",
+                                           gamma_max=2, max_new_tokens=8)
+        assert res.token_ids == jaxspec.generate(target, PROMPTS[:1], max_new_tokens=8).token_ids
+    assert measured == [[0, 1, 2]]
 
 
 def test_zero_medusa_drafts_the_targets_argmax_at_length_minus_2(target, free, stop):

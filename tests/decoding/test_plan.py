@@ -36,12 +36,11 @@ def test_costs_interpolate_between_measured_sizes():
 
 
 def test_plan_picks_the_best_gamma_or_none():
-    flat = {str(s): 1.0 for s in (1, 2, 4, 8)}
-    p = P.plan(0.8, flat, 0.0, range(5))
+    p = P.plan(0.8, [1.0] * 5, range(5))
     assert p.speedups[3] == pytest.approx(1 + 0.8 + 0.64 + 0.512)
     assert p.best_gamma == 4
     steep = {"1": 1.0, "2": 1.6, "4": 2.0}
-    p = P.plan(0.2, steep, 0.05, range(4))
+    p = P.plan(0.2, [P.step_cost(g, steep, 0.05) for g in range(4)], range(4))
     assert p.speedups[0] == 1.0 and p.best_gamma == 0
     assert p.speedups[1] == pytest.approx(1.2 / 1.65)
     assert "no gamma pays" in p.describe()

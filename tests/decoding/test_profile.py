@@ -57,3 +57,23 @@ def test_cli_profile_prints_json(model, tmp_path, monkeypatch, capsys):
               "--dtype", "bfloat16"])
     r = json.loads(capsys.readouterr().out)
     assert r["dtype"] == "bfloat16" and r["drafter"] == "ngram:2" and r["c"] >= 0
+
+
+def test_step_costs_are_measured_in_the_loop_once(model, tmp_path, monkeypatch):
+    """A step drafting gamma tokens, timed in the decode loop against a plain step, and cached
+    with the drafter's profile: asking for a longer draft measures only the new lengths."""
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(prof, "bandwidth_gbs", lambda: 10.0)
+    drafter = jaxspec.layer_skip_drafter(model, [1])
+    costs = prof.step_costs(model, "tiny", drafter, "layerskip:1", 1)
+    assert len(costs) == 2 and costs[0] == 1.0 and costs[1] > 0
+    measured = []
+    real = prof.loop_ms
+    monkeypatch.setattr(prof, "loop_ms", lambda m, d, gs: measured.append(gs) or real(m, d, gs))
+    longer = prof.step_costs(model, "tiny", drafter, "layerskip:1", 2)
+    assert longer[:2] == costs and longer[2] >= longer[1] and measured == [[2]]
+    assert prof.step_costs(model, "tiny", drafter, "layerskip:1", 2) == longer
+    assert measured == [[2]]
+    r = prof.profile(model, "tiny", drafter, "layerskip:1")
+    assert sorted(r["loop_ms"]) == ["0", "1", "2"]
+    assert "decode-loop step by gamma: 0: " in prof.format_profile(r)
