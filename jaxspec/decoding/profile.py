@@ -104,15 +104,15 @@ def loop_ms(target, drafter, gammas, rounds: int = 3) -> dict[int, float]:
             return generate(target, prompt, max_new_tokens=n)
         return speculative_generate(target, drafter, prompt, gamma=g, max_new_tokens=n)
 
-    outputs = (16, 96)
+    short, long = outputs = (16, 96)
     best = {(g, n): np.inf for g in gammas for n in outputs}
     steps = {(g, n): len(call(g, n).accept_lengths[0]) for g in gammas for n in outputs}
     for _ in range(rounds):
         for g in gammas:
             for n in outputs:
                 best[g, n] = min(best[g, n], call(g, n).wall_time_s)
-    return {g: 1e3 * max(best[g, 96] - best[g, 16], 1e-9) / max(steps[g, 96] - steps[g, 16], 1)
-            for g in gammas}
+    return {g: 1e3 * max(best[g, long] - best[g, short], 1e-9)
+            / max(steps[g, long] - steps[g, short], 1) for g in gammas}
 
 
 def machine_id() -> str:
@@ -156,9 +156,13 @@ def profile(model, model_name: str, drafter=None, drafter_name: str | None = Non
         d_ms = drafter_ms(drafter, model.config, cache_len=cache_len)
         result.update(drafter=drafter_name, drafter_ms_per_token=round(d_ms, 4),
                       c=round(d_ms / ms[1], 4))
+    _write(path, result)
+    return result
+
+
+def _write(path, result: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(result, indent=1))
-    return result
 
 
 def step_costs(model, model_name: str, drafter, drafter_name: str, gamma_max: int) -> list[float]:
@@ -174,8 +178,7 @@ def step_costs(model, model_name: str, drafter, drafter_name: str, gamma_max: in
     if missing:
         ms.update({str(g): round(t, 4) for g, t in loop_ms(model, drafter, missing).items()})
         result = {**result, "loop_ms": ms}
-        write_atomic(_cache_path(model, model_name, result["dtype"], drafter_name),
-                     json.dumps(result, indent=1))
+        _write(_cache_path(model, model_name, result["dtype"], drafter_name), result)
     return list(np.maximum.accumulate([ms[str(g)] / ms["0"] for g in range(gamma_max + 1)]))
 
 
