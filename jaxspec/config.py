@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Sequence
 
 import yaml
@@ -10,6 +11,19 @@ import yaml
 from jaxspec.errors import UserError
 
 ARCHS = ("llama", "gemma3")
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML with 1.2's numbers: PyYAML follows YAML 1.1, where "3e-4" (no dot) is text."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                              re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+                              list("-+0123456789"))
+
+
+def _yaml(text):
+    return yaml.load(text, Loader=_Loader)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,7 +127,7 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
         for p in parents:
             node = node.setdefault(p, {})
         try:
-            node[leaf] = yaml.safe_load(value)
+            node[leaf] = _yaml(value)
         except yaml.YAMLError:  # e.g. a template such as "Q: {prompt}": keep the text
             node[leaf] = value
     return out
@@ -132,7 +146,7 @@ def load_yaml(path: str | None, overrides: Sequence[str] = ()) -> dict[str, Any]
     base: dict[str, Any] = {}
     if path:
         with open(path) as f:
-            base = yaml.safe_load(f) or {}
+            base = _yaml(f) or {}
         if not isinstance(base, dict):
             raise UserError(f"{path}: expected a mapping at the top level")
     return merge(base, parse_overrides(overrides))

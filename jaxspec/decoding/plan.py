@@ -83,27 +83,37 @@ def plan(accept_G, costs_G1, gammas) -> Plan:
                 [float(a) for a in np.atleast_1d(accept_G)], [float(c) for c in costs_G1])
 
 
-# The acceptance prior: 2 tries at 1/4, with each row's counts decayed by
-# `speculative._MEMORY` (0.95) a step. Chosen by simulating rows of 30 tokens that accept each
-# draft independently, under the de->en EAGLE head's measured step costs (1, 1.08, 1.13, 1.18,
-# 1.28): at acceptance 0.3, auto gains 0.975 of the best fixed gamma's speedup (the prior of
-# 0.4 tries at 1/2, decaying by 0.9, gained 0.958; the bench measured 0.935 with its plain steps
-# decaying by 0.98), a useless drafter costs 2.7% (9-token rows: 4.8%), and misses take a row
-# to gamma 0 even when drafting is nearly free.
+# The acceptance prior of the first draft: 2 tries at 1/4; each row's counts decay by
+# `speculative._MEMORY` (0.95) a step. Chosen by replaying the de->en EAGLE head's accept
+# lengths at gamma 4 on the 79 benchmark questions under its measured step costs (1, 1.08,
+# 1.13, 1.18, 1.28; docs/results/auto_gamma_sim.py): auto gains 0.985 of gamma 1's modelled
+# speedup (stronger priors gain up to 0.99 but cost a useless drafter 5% on 30-token rows,
+# against 2.7% with this one).
 PRIOR_ACCEPTED, PRIOR_TRIED = 0.5, 2.0
 
 
-def choose_gamma(accepted_B, drafted_B, costs_G1):
-    """Per row, the draft length 0..G of the highest expected speedup, from the row's acceptance
-    estimated as (accepted + PRIOR_ACCEPTED) / (drafted + PRIOR_TRIED) and the step cost of each
-    length `costs_G1`."""
-    alpha_B = (accepted_B + PRIOR_ACCEPTED) / (drafted_B + PRIOR_TRIED)
-    g_G1 = jnp.arange(len(costs_G1))
-    tokens_BxG1 = jnp.cumsum(alpha_B[:, None] ** g_G1, axis=1)  # 1 + a + ... + a^g
-    return jnp.argmax(tokens_BxG1 / jnp.asarray(costs_G1, jnp.float32), axis=1).astype(jnp.int32)
+def choose_gamma(accepted_BxG, tried_BxG, costs_G1):
+    """Per row, the draft length of the highest expected speedup among those the loop compiles
+    (`branch_lengths`), from `costs_G1` (the step cost of each length) and the row's acceptance
+    of each draft position j, given that the drafts before it were accepted: a_1 = (accepted_1 +
+    PRIOR_ACCEPTED) / (tried_1 + PRIOR_TRIED), and a_j = (accepted_j + PRIOR_TRIED * a_(j-1)) /
+    (tried_j + PRIOR_TRIED), where tried_j counts the steps that reached draft j. A position not
+    yet reached is expected to do as well as the one before it, so a row tries longer drafts
+    when its first ones are accepted; once tried, each position has its own rate, so a drafter
+    whose later drafts fail more often than its first stops drafting them."""
+    a_B = (accepted_BxG[:, 0] + PRIOR_ACCEPTED) / (tried_BxG[:, 0] + PRIOR_TRIED)
+    a = [a_B]
+    for j in range(1, accepted_BxG.shape[1]):
+        a.append((accepted_BxG[:, j] + PRIOR_TRIED * a[-1]) / (tried_BxG[:, j] + PRIOR_TRIED))
+    prod_BxG = jnp.cumprod(jnp.stack(a, axis=1), axis=1)
+    tokens_BxG1 = jnp.cumsum(jnp.concatenate([jnp.ones_like(a_B)[:, None], prod_BxG], axis=1),
+                             axis=1)
+    lengths = jnp.asarray(branch_lengths(costs_G1))
+    gain_BxL = tokens_BxG1[:, lengths] / jnp.asarray(costs_G1, jnp.float32)[lengths]
+    return lengths[jnp.argmax(gain_BxL, axis=1)].astype(jnp.int32)
 
 
-def branch_lengths(costs_G1, tolerance: float = 0.05) -> tuple[int, ...]:
+def branch_lengths(costs_G1, tolerance: float = 0.02) -> tuple[int, ...]:
     """The draft lengths gamma="auto" compiles a branch for, ascending: a step runs the
     shortest one covering its longest row (shorter rows mask their extra drafts), so a length
     is dropped when the next longer kept one costs at most `tolerance` more. With flat costs

@@ -153,7 +153,8 @@ def _never_drafts(costs) -> bool:
     alone would cost time); such a call decodes without it."""
     from jaxspec.decoding.plan import choose_gamma
 
-    return int(choose_gamma(np.zeros(1), np.zeros(1), costs)[0]) == 0
+    zeros_1xG = np.zeros((1, len(costs) - 1))
+    return int(choose_gamma(zeros_1xG, zeros_1xG, costs)[0]) == 0
 
 
 def _budgets(max_new_tokens, B: int) -> np.ndarray:

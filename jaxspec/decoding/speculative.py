@@ -41,8 +41,8 @@ class DecodeState:
     steps_B: jnp.ndarray  # verification steps taken per row
     gained_BxN: jnp.ndarray  # tokens gained at step n (accepted drafts + 1); N = T bounds steps
     gamma_BxN: jnp.ndarray  # tokens drafted at step n
-    accepted_B: jnp.ndarray  # drafts accepted and tried, decayed by _MEMORY each step: the
-    tried_B: jnp.ndarray  # row's acceptance estimate for gamma="auto"
+    accepted_BxG: jnp.ndarray  # per draft position, steps that accepted it and that reached it,
+    tried_BxG: jnp.ndarray  # decayed by _MEMORY each step: gamma="auto"'s estimate (G = 0 else)
     features_BxTxD: jnp.ndarray  # slot t: the target's hidden state at position t, kept for
     # positions < length - 1 when the drafter reads features (D = 0 otherwise)
 
@@ -72,9 +72,9 @@ def cache_dtype(target_params):
 
 
 def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_lengths_B,
-            max_new_B, key) -> DecodeState:
+            max_new_B, key, counts: int = 0) -> DecodeState:
     """Fill both caches with each row's prompt (`fill_cache`: fixed-size chunks, so the prompt
-    length never changes compiled shapes)."""
+    length never changes compiled shapes); `counts`: the draft positions gamma="auto" tracks."""
     B, T = tokens_BxT.shape
     filled = fill_cache(target_params, config, tokens_BxT, prompt_lengths_B,
                         init_cache(config, B, T, cache_dtype(target_params)),
@@ -86,8 +86,8 @@ def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_leng
         tokens_BxT=tokens_BxT, lengths_B=prompt_lengths_B, prompt_lengths_B=prompt_lengths_B,
         max_new_B=max_new_B, done_B=max_new_B <= 0, target_cache=cache, drafter_state=dstate,
         key=key, steps_B=jnp.zeros((B,), jnp.int32), gained_BxN=jnp.zeros((B, T), jnp.int32),
-        gamma_BxN=jnp.zeros((B, T), jnp.int32), accepted_B=jnp.zeros((B,), jnp.float32),
-        tried_B=jnp.zeros((B,), jnp.float32), features_BxTxD=feats_BxTxD), B)
+        gamma_BxN=jnp.zeros((B, T), jnp.int32), accepted_BxG=jnp.zeros((B, counts), jnp.float32),
+        tried_BxG=jnp.zeros((B, counts), jnp.float32), features_BxTxD=feats_BxTxD), B)
 
 
 def verify(target_params, config, state: DecodeState, draft_BxN,
@@ -246,15 +246,16 @@ _MEMORY = 0.95  # weight of a row's past tries per step, for gamma="auto": the l
 
 
 def track(state: DecodeState, gamma_B, n_B) -> DecodeState:
-    """Log each row's draft length and update its acceptance estimate: a step with gamma > 0
-    tried the accepted drafts and, if one was rejected, that one."""
+    """Log each row's draft length and update its acceptance counts: a step that drafted gamma
+    tokens and accepted n reached drafts 1..min(n + 1, gamma) and accepted drafts 1..n."""
     B, T = state.gained_BxN.shape
     step_B = jnp.where(state.done_B, T, state.steps_B)
-    tried_B = jnp.where(gamma_B > 0, n_B + (n_B < gamma_B), 0)
+    j_G = jnp.arange(1, state.accepted_BxG.shape[1] + 1)
+    reached_BxG = j_G <= jnp.minimum(n_B + 1, gamma_B)[:, None]
     return state.replace(
         gamma_BxN=state.gamma_BxN.at[jnp.arange(B), step_B].set(gamma_B, mode="drop"),
-        accepted_B=_MEMORY * state.accepted_B + jnp.where(gamma_B > 0, n_B, 0),
-        tried_B=_MEMORY * state.tried_B + tried_B)
+        accepted_BxG=_MEMORY * state.accepted_BxG + (j_G <= n_B[:, None]),
+        tried_BxG=_MEMORY * state.tried_BxG + reached_BxG)
 
 
 def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState, *,
@@ -277,11 +278,16 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
         raise ValueError("per-row keys are for plain decoding (no drafter)")
     if tree is not None and costs is not None:
         raise ValueError("a tree has a fixed shape: no per-row draft lengths (costs)")
+    if costs is not None and state.accepted_BxG.shape[1] != len(costs) - 1:
+        raise ValueError(f"{len(costs)} step costs need acceptance counts for {len(costs) - 1} "
+                         f"draft positions; the state has {state.accepted_BxG.shape[1]} "
+                         "(prefill's `counts`)")
     top = chain(gamma) if tree is None else tree
 
-    def draft_and_verify(t: Tree, state, k_draft):
-        """Draft the nodes of `t` and score them and the last token; drafts, q and logits padded
-        to the nodes of `top` (only chains are padded)."""
+    def step(t: Tree, state, gamma_B, k_draft, k_accept):
+        """Draft the nodes of `t`, score them and the last token, accept: (accepted drafts [B],
+        emitted tokens, accepted path, its hidden states, target cache, drafter state), the
+        per-depth outputs padded to the depth of `top` (only chains are padded)."""
         g, rows = t.size, None
         if not g:
             draft_BxG, q, dstate = jnp.zeros((B, 0), jnp.int32), None, state.drafter_state
@@ -300,42 +306,32 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
                 sampling, t, vocab, state.features_BxTxD)
         logits_BxG1xV, cache, feats_BxG1xD = verify(target_params, config, state, draft_BxG,
                                                     t if rows is None else rows)
-        gamma = top.size
-        if g < gamma:
-            pad = lambda x: jnp.pad(x, [(0, 0), (0, gamma - g)] + [(0, 0)] * (x.ndim - 2))
-            draft_BxG, logits_BxG1xV = pad(draft_BxG), pad(logits_BxG1xV)
-            feats_BxG1xD = pad(feats_BxG1xD)
-            if q is not None:
-                q = jax.tree.map(pad, q)
-            elif not sampling.greedy:  # no draft: zeros shaped like a full draft's q
-                full_q = jax.eval_shape(lambda: drafter.spec.propose(
-                    drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B,
-                    k_draft, sampling, gamma, vocab, state.features_BxTxD)[1])
-                q = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), full_q)
-        return draft_BxG, q, dstate, logits_BxG1xV, cache, feats_BxG1xD, rows
+        n_B, emitted_BxD1, path_BxD1 = accept(k_accept, logits_BxG1xV, draft_BxG, q, sampling,
+                                              gamma_B, t, rows)
+        feats_BxD1xD = jnp.take_along_axis(feats_BxG1xD, path_BxD1[..., None], axis=1)
+        pad = lambda x: jnp.pad(x, [(0, 0), (0, top.max_depth - t.max_depth)]
+                                + [(0, 0)] * (x.ndim - 2))
+        return (n_B, pad(emitted_BxD1), pad(path_BxD1), pad(feats_BxD1xD), cache, dstate)
 
     def body(state: DecodeState) -> DecodeState:
         key, k_draft, k_accept = _split(state.key, 3)
         if costs is None:
             gamma_B = jnp.full((B,), top.size, jnp.int32)
-            out = draft_and_verify(top, state, k_draft)
+            out = step(top, state, gamma_B, k_draft, k_accept)
         else:
             want_B = jnp.where(state.done_B, 0,
-                               choose_gamma(state.accepted_B, state.tried_B, costs))
+                               choose_gamma(state.accepted_BxG, state.tried_BxG, costs))
             lengths = branch_lengths(costs)
             branch = jnp.searchsorted(jnp.asarray(lengths), jnp.max(want_B))
             # Every row that drafts takes the step's length: its verification is paid for
             # already, and a longer draft never gains fewer tokens. A row that picked 0 stays
             # plain: forced misses would only hold it off longer.
             gamma_B = jnp.where(want_B > 0, jnp.asarray(lengths)[branch], 0)
-            branches = [functools.partial(draft_and_verify, chain(g)) for g in lengths]
-            out = (branches[0](state, k_draft) if len(branches) == 1 else
-                   jax.lax.switch(branch, branches, state, k_draft))
-        draft_BxN, q, dstate, logits_BxN1xV, cache, feats_BxN1xD, rows = out
-        n_B, emitted_BxD1, path_BxD1 = accept(k_accept, logits_BxN1xV, draft_BxN, q, sampling,
-                                              gamma_B, top, rows)
+            branches = [functools.partial(step, chain(g)) for g in lengths]
+            out = (branches[0](state, gamma_B, k_draft, k_accept) if len(branches) == 1 else
+                   jax.lax.switch(branch, branches, state, gamma_B, k_draft, k_accept))
+        n_B, emitted_BxD1, path_BxD1, feats_BxD1xD, cache, dstate = out
         cache = compact(cache, state.lengths_B - 1, path_BxD1, n_B)
-        feats_BxD1xD = jnp.take_along_axis(feats_BxN1xD, path_BxD1[..., None], axis=1)
         state = track(state, gamma_B, n_B)
         return constrain(advance(state, n_B, emitted_BxD1, stop_ids, cache, dstate, key,
                                  feats_BxD1xD, top.size + 1), B)
@@ -359,7 +355,8 @@ def run(target_params, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key, *,
         costs: tuple[float, ...] | None = None,
         tree: Tree | DynamicTree | None = None) -> DecodeState:
     """Prefill and decode; jit this with everything after `*` static."""
-    state = prefill(target_params, config, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key)
+    state = prefill(target_params, config, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key,
+                    0 if costs is None else len(costs) - 1)
     return decode_loop(target_params, config, drafter, state, gamma=gamma, sampling=sampling,
                        stop_ids=stop_ids, costs=costs, tree=tree)
 
@@ -379,7 +376,8 @@ def idle_state(config: ModelConfig, batch: int, max_len: int, cache_dtype) -> De
         drafter_state=(), key=jax.random.split(jax.random.key(0), batch),
         steps_B=jnp.zeros((batch,), jnp.int32), gained_BxN=jnp.zeros((batch, max_len), jnp.int32),
         gamma_BxN=jnp.zeros((batch, max_len), jnp.int32),
-        accepted_B=jnp.zeros((batch,), jnp.float32), tried_B=jnp.zeros((batch,), jnp.float32),
+        accepted_BxG=jnp.zeros((batch, 0), jnp.float32),
+        tried_BxG=jnp.zeros((batch, 0), jnp.float32),
         features_BxTxD=jnp.zeros((batch, max_len, 0)))
 
 

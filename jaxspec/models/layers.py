@@ -13,6 +13,10 @@ from jaxspec.config import RopeScaling
 from jaxspec.errors import UserError
 
 MIN_ROWS = 3  # bfloat16 products on CPU run at least this many rows (see `linear`)
+# XLA:CPU's product of a query's heads with the keys rounds differently for different query
+# counts (SmolLM2, 3 heads a group: 3 rows against 6), so up to this many queries (a verify pass)
+# each query gets a product of its own and a verify pass scores as one-position steps do.
+PER_QUERY_SCORES = 32
 _MASKED = -1e30  # finite, so a fully masked (padding) query gives a uniform softmax, not NaN
 
 
@@ -159,8 +163,13 @@ def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, wind
     B, S, N, H = q_BxSxNxH.shape
     K = k_BxTxKxH.shape[2]
     q = q_BxSxNxH.reshape(B, S, K, N // K, H)
-    scores = jnp.einsum("BSKGH,BTKH->BKGST", q, k_BxTxKxH,
-                        preferred_element_type=jnp.float32) * scale
+    if jax.default_backend() == "cpu" and S <= PER_QUERY_SCORES:
+        scores = jnp.stack([jnp.einsum("BKGH,BTKH->BKGT", q[:, s], k_BxTxKxH,
+                                       preferred_element_type=jnp.float32) for s in range(S)],
+                           axis=3) * scale
+    else:
+        scores = jnp.einsum("BSKGH,BTKH->BKGST", q, k_BxTxKxH,
+                            preferred_element_type=jnp.float32) * scale
     kv_pos_1x1xT = jnp.arange(k_BxTxKxH.shape[1])[None, None, :]
     if view is not None:
         kv_pos_1x1xT = view[0][:, None, :]

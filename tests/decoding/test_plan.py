@@ -1,6 +1,7 @@
 """The cost model against hand-computed values, and `jaxspec plan` end to end on a tiny model."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -66,9 +67,50 @@ def test_plan_drafter_measures_acceptance_of_a_perfect_drafter(tmp_path, monkeyp
 
 @pytest.mark.parametrize("costs,lengths", [
     ((1.0, 1.6, 2.0, 2.4, 2.8), (0, 1, 2, 3, 4)),  # every length costs more: a branch each
-    ((1.0, 1.05, 1.1, 1.15, 1.2), (0, 2, 4)),  # 3 costs within 5% of 4, 1 within 5% of 2
-    ((1.0, 1.01, 1.02, 1.03), (3,)),  # flat: one branch, no switch
+    ((1.0, 1.01, 1.1, 1.11, 1.2), (1, 3, 4)),  # 2 costs within 2% of 3, 0 within 2% of 1
+    ((1.0, 1.005, 1.01, 1.015), (3,)),  # flat: one branch, no switch
     ((1.0,), (0,)),
 ])
 def test_branch_lengths_merge_lengths_of_nearly_equal_cost(costs, lengths):
     assert P.branch_lengths(costs) == lengths
+
+
+def test_gamma_is_chosen_from_acceptance_per_position():
+    """A row that accepted its first draft 16 times in 20 but its second never in 16: per
+    position a1 = 16.5/22 = 0.75, a2 = (0 + 2 * 0.75)/18; one draft pays most (1.75/1.1 = 1.591
+    against (1.75 + 0.75 * 1.5/18)/1.2 = 1.51), though one rate for both (16.5/38) picks two.
+    A position never reached takes the rate of the one before it: after 50 hits in 50 at the
+    first draft, the row drafts the longest."""
+    costs = (1.0, 1.1, 1.2)
+    pick = P.choose_gamma(np.array([[16.0, 0.0], [0.0, 0.0]]),
+                          np.array([[20.0, 16.0], [0.0, 0.0]]), costs)
+    assert pick.tolist() == [1, 1]  # the prior alone: 1.25/1.1 > 1.3125/1.2 > 1
+    a = 16.5 / 38
+    assert (1 + a + a * a) / 1.2 > (1 + a) / 1.1  # what a single rate would have picked
+    # Only compiled lengths are chosen: 0 and 2 cost within 2% of 1 and 3.
+    costs = (1.0, 1.01, 1.1, 1.11, 1.2)
+    assert P.choose_gamma(np.array([[50.0, 0, 0, 0]]), np.array([[50.0, 0, 0, 0]]),
+                          costs).tolist() == [4]
+    assert P.choose_gamma(np.zeros((1, 4)), np.full((1, 4), 50.0), costs).tolist() == [1]
+    assert P.choose_gamma(np.zeros((1, 4)), np.full((1, 4), 50.0),
+                          (1.0, 1.05, 1.1, 1.15, 1.2)).tolist() == [0]
+
+
+def test_acceptance_counts_per_position_follow_each_step(target):
+    """track: a step drafting gamma and accepting n reached drafts 1..min(n + 1, gamma) and
+    accepted 1..n; counts decay by the memory each step."""
+    from jaxspec.decoding import speculative as S
+
+    B = 4
+    state = S.prefill(target.params, target.config, None, jnp.ones((B, 16), jnp.int32),
+                      jnp.full((B,), 3), jnp.full((B,), 8), jax.random.key(0), counts=3)
+    gamma_B, n_B = jnp.array([0, 2, 3, 3]), jnp.array([0, 2, 1, 3])
+    state = S.track(state, gamma_B, n_B)
+    np.testing.assert_array_equal(state.accepted_BxG, [[0, 0, 0], [1, 1, 0], [1, 0, 0],
+                                                       [1, 1, 1]])
+    np.testing.assert_array_equal(state.tried_BxG, [[0, 0, 0], [1, 1, 0], [1, 1, 0], [1, 1, 1]])
+    state = S.track(state, jnp.array([1, 1, 1, 1]), jnp.array([1, 0, 0, 1]))
+    m = S._MEMORY
+    np.testing.assert_allclose(state.accepted_BxG[:, 0], [1, m, m, m + 1])
+    np.testing.assert_allclose(state.tried_BxG[:, :2], [[1, 0], [m + 1, m], [m + 1, m],
+                                                        [m + 1, m]])

@@ -114,21 +114,38 @@ def test_bfloat16_speculative_decoding_equals_greedy(gemma3_bf16, gamma):
         assert res.token_ids == ref.token_ids
 
 
-def test_decoder_verify_root_logits_do_not_depend_on_draft_length(gemma3_bf16):
+@pytest.fixture(scope="module")
+def smollm2_bf16():
+    return jaxspec.load("smollm2-135m-instruct", dtype="bfloat16")
+
+
+# A chat prompt whose first verify pass with a draft scored the last token differently from a
+# one-position step before attention scored each query in a product of its own (layer 5 of
+# SmolLM2, 3 query heads a group: 3 rows against 6); greedy and n-gram answers then differed.
+SMOLLM2_PROMPT = ("Translate German to English:Einen Tag nach der Schießerei in der Universität, "
+                  "die Studenten und Dozenten dazu zwang, sich hinter verschlossenen Türen zu "
+                  "verstecken, versuchen die Behörden immer noch, sich ein Bild davon zu "
+                  "verschaffen, was Lamb motivierte.")
+
+
+@pytest.mark.parametrize("name", ["gemma3", "smollm2"])
+def test_decoder_verify_root_logits_do_not_depend_on_draft_length(name, request):
     """The decoder's own prefill and verify (its cache, tree view and slots), batch 1: the last
     token's logits are the same bits whether 0 or up to 5 drafts ride along. (Measured: with
     a float32 cache, 3 or more drafts changed them; 6 and 7 drafts still do, see README.)"""
     from jaxspec.decoding import speculative
+    from jaxspec.decoding.runner import encode_prompts
     from jaxspec.decoding.trees import chain
 
-    m, T = gemma3_bf16, 256
-    ids = m.tokenizer(PROMPTS[0])["input_ids"]
+    m, T = request.getfixturevalue(f"{name}_bf16"), 256
+    ids = (m.tokenizer(PROMPTS[0])["input_ids"] if name == "gemma3" else
+           encode_prompts(m, [SMOLLM2_PROMPT], chat=True)[0])
     tokens = np.zeros((1, T), np.int32)
     tokens[0, :len(ids)] = ids
     state = jax.jit(lambda t: speculative.prefill(
         m.params, m.config, None, t, jnp.array([len(ids)]), jnp.array([64]),
         jax.random.key(0)))(jnp.asarray(tokens))
-    drafts = [2088, 776, 611, 3291, 672]
+    drafts = [2088, 776, 611, 3291, 672] if name == "gemma3" else [28, 5437, 611, 3291, 672]
     roots = [np.asarray(jax.jit(lambda s, d, g=g: speculative.verify(
         m.params, m.config, s, d, chain(g))[0])(state, jnp.asarray([drafts[:g]], jnp.int32)))[0, 0]
         for g in range(6)]

@@ -38,6 +38,15 @@ def test_bad_keys_are_named():
         recipe.check_config(load_yaml(CONFIGS / "tiny.yaml", ["drafter.config.width=3"]))
 
 
+def test_numbers_in_exponent_form_are_numbers(tmp_path):
+    # PyYAML reads "3e-4" (no dot) as text, and the optimizer then failed on a string lr.
+    (tmp_path / "c.yaml").write_text("train: {lr: 1e-3, steps: 10}\n")
+    cfg = load_yaml(tmp_path / "c.yaml", ["train.warmup=2E+1", "name=1e-3x", "n=12"])
+    assert cfg["train"] == {"lr": 1e-3, "steps": 10, "warmup": 20.0}
+    assert cfg["name"] == "1e-3x" and cfg["n"] == 12 and isinstance(cfg["n"], int)
+    assert load_yaml(None, ["train.lr=3e-4"])["train"]["lr"] == 3e-4
+
+
 def test_tiny_recipe_end_to_end_and_resume(tmp_path):
     cfg = load_yaml(CONFIGS / "tiny.yaml", [f"distill.out_dir={tmp_path / 'distill'}",
                                             f"train.workdir={tmp_path / 'train'}"])
