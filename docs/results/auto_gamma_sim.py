@@ -17,18 +17,20 @@ import numpy as np
 from jaxspec.decoding import plan, speculative
 
 
-def record(drafter_name: str, path: str, limit: int = 79) -> None:
+def record(drafter_name: str, path: str, config: str = "configs/bench/deen_auto.yaml") -> None:
+    """Accept lengths at gamma 4 on a bench config's questions, target, precision and template."""
     import jaxspec
+    from jaxspec.bench.questions import read_questions
+    from jaxspec.config import load_yaml
 
-    template = ("Translate German to English:Ich trinke jeden Morgen einen Kaffee.\nEnglish: "
-                "I drink a coffee every morning.\n{prompt}\nEnglish:")
-    with open("../shared/data/specbench/deen_question.jsonl") as f:
-        questions = [json.loads(line)["turns"][0] for line in f][:limit]
-    target = jaxspec.load("gemma3-270m", dtype="bfloat16")
+    cfg = load_yaml(config, ["limit=79"])
+    questions = read_questions(cfg["questions"])[:cfg["limit"]]
+    target = jaxspec.load(cfg["target"], dtype=cfg["dtype"])
     drafter = jaxspec.load_drafter(drafter_name, target=target)
     traces = [[a - 1 for a in jaxspec.speculative_generate(
-        target, drafter, [template.format(prompt=q)], gamma=4, max_new_tokens=64,
-        stop="\n").accept_lengths[0]] for q in questions]
+        target, drafter, [cfg["template"].format(prompt=q["turns"][0])], gamma=4,
+        max_new_tokens=cfg["max_new_tokens"], stop=cfg["stop"]).accept_lengths[0]]
+        for q in questions]
     with open(path, "w") as f:
         json.dump(traces, f)
 
