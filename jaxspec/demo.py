@@ -50,7 +50,9 @@ def run(target: str = "gemma3-270m", drafter: str | None = None, gamma: int | st
     """bfloat16 weights by default: on CPU they make verifying several positions cost about
     what one does (README, "Results"); "identical" compares with greedy decoding of the same
     weights. gamma "auto" lets each step pick its draft length from the cost model. Each
-    sentence is decoded `repeats` times each way, in turn; tokens/s is from the fastest."""
+    sentence is decoded `repeats` times each way, in turn; tokens/s is from the fastest. Every
+    run starts without gamma auto's history (`remember=False`): a repeat does not learn from
+    the one before it on the same sentence."""
     import jaxspec
 
     out = out or sys.stdout
@@ -68,7 +70,8 @@ def run(target: str = "gemma3-270m", drafter: str | None = None, gamma: int | st
             bases.append(jaxspec.generate(model, [p], max_new_tokens=max_new_tokens, stop="\n"))
             # The language is detected on the sentence: the prompt's template is English.
             specs.append(router.generate([p], sources=[sentence], gamma=gamma,
-                                         max_new_tokens=max_new_tokens, stop="\n"))
+                                         max_new_tokens=max_new_tokens, stop="\n",
+                                         remember=False))
         base = min(bases, key=lambda r: r.wall_time_s)
         spec = min(specs, key=lambda r: r.wall_time_s)
         code, desc = spec.languages[0], spec.drafters[0]

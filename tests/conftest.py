@@ -30,6 +30,15 @@ def _free_executables():
     gc.collect()
 
 
+@pytest.fixture(autouse=True)
+def _no_acceptance_history():
+    """Each test starts with no gamma="auto" history (`plan.AcceptanceMemory`), so what a test
+    measures does not depend on the tests before it."""
+    from jaxspec.decoding import runner
+
+    runner._DECODER.acceptance.clear()
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """jaxspec.load("smollm2-135m-instruct"): Llama family, GGUF Q4_1, float32 params."""

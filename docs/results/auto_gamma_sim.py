@@ -41,9 +41,11 @@ def replay(traces, costs_G1, gamma: int | None = None) -> float:
     lengths = plan.branch_lengths(costs_G1)
     j_G = np.arange(1, G + 1)
     tokens = time = 0.0
+    memory = plan.AcceptanceMemory()  # what the runner keeps between calls (questions)
     for trace in traces:
         need, got, i = sum(n + 1 for n in trace), 0, 0
-        acc_1xG, tried_1xG = np.zeros((1, G)), np.zeros((1, G))
+        acc_1xG, tried_1xG = (x[None] for x in memory.prior("trace", G))
+        gained, drafted = [], []
         while got < need:
             g = gamma if gamma is not None else int(plan.choose_gamma(acc_1xG, tried_1xG,
                                                                       costs_G1)[0])
@@ -52,6 +54,8 @@ def replay(traces, costs_G1, gamma: int | None = None) -> float:
             time += costs_G1[g if gamma is not None else min(x for x in lengths if x >= g)]
             acc_1xG = speculative._MEMORY * acc_1xG + (j_G <= n)
             tried_1xG = speculative._MEMORY * tried_1xG + (j_G <= min(n + 1, g))
+            gained.append(n + 1), drafted.append(g)
+        memory.update("trace", [gained], [drafted], G)
         tokens += got
     return tokens / time
 

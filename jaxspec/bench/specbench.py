@@ -96,7 +96,8 @@ class _JaxRunner:
         if method.kind != "ar":
             self.drafter = parse_drafter(f"{method.kind}:{method.arg or ''}", target)
 
-    def __call__(self, prompt: str, max_new_tokens: int, seed: int):
+    def __call__(self, prompt: str, max_new_tokens: int, seed: int, remember: bool = True):
+        """`remember`: whether gamma "auto" keeps what this call measured (not a warm-up's)."""
         import jaxspec
 
         kw = dict(max_new_tokens=max_new_tokens, temperature=self.method.temperature, seed=seed,
@@ -106,7 +107,7 @@ class _JaxRunner:
         else:
             r = jaxspec.speculative_generate(self.target, self.drafter, [prompt],
                                              gamma=self.method.gamma or None,
-                                             tree=self.method.tree, **kw)
+                                             tree=self.method.tree, remember=remember, **kw)
         return r.texts[0], len(r.token_ids[0]), r.wall_time_s, r.accept_lengths[0], \
             r.compile_time_s
 
@@ -138,7 +139,9 @@ def run_bench(target: str, questions: str, methods: Sequence[Method], out_dir: s
         else:
             runners[m.name] = _JaxRunner(model, m, chat, stop)
         warm_up = template.format(prompt=todo[0]["turns"][0])
-        runners[m.name](warm_up, max_new_tokens, seed)
+        # Compiles on the first question: gamma "auto" must not learn from it before timing it.
+        kw = {"remember": False} if isinstance(runners[m.name], _JaxRunner) else {}
+        runners[m.name](warm_up, max_new_tokens, seed, **kw)
     for q in tqdm(qs, desc=", ".join(runners) or "done", unit="q", file=sys.stderr):
         for m in methods:
             if m.name not in runners or q["question_id"] in done[m.name]:

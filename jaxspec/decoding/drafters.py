@@ -8,6 +8,11 @@ with). Every spec implements
     propose(params, state, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size,
             features_BxTxD) -> draft_BxG, q (a DraftProbs; None when greedy), state
 
+and may tell which rows have a draft worth verifying (gamma "auto" gives the others a plain
+step)
+
+    has_draft(params, state, tokens_BxT, lengths_B) -> bool [B]
+
 and a spec that can draft token trees (trees.py) also
 
     propose_tree(params, state, tokens_BxT, lengths_B, key, sampling, tree, vocab_size,
@@ -168,8 +173,14 @@ class NgramSpec:
     def init(self, params, tokens_BxT, lengths_B, features_BxTxD=None):
         return ()
 
-    def propose(self, params, state, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size,
-                features_BxTxD=None):
+    def has_draft(self, params, state, tokens_BxT, lengths_B):
+        """Whether each row's last tokens occurred before (without a match the draft repeats
+        the last token, which gamma "auto" does not verify)."""
+        return self._continuation(tokens_BxT, lengths_B) >= 0
+
+    def _continuation(self, tokens_BxT, lengths_B):
+        """The slot after the latest earlier occurrence of each row's longest matching suffix
+        (n = max_ngram down to 1), or -1."""
         B, T = tokens_BxT.shape
         j_T = jnp.arange(T)
         best_B = jnp.full((B,), -1)
@@ -185,6 +196,12 @@ class NgramSpec:
             latest_B = jnp.max(jnp.where(match_BxT, j_T, -1), axis=1)
             found = (best_B < 0) & (latest_B >= 0)
             best_B = jnp.where(found, latest_B + n, best_B)
+        return best_B
+
+    def propose(self, params, state, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size,
+                features_BxTxD=None):
+        B = tokens_BxT.shape[0]
+        best_B = self._continuation(tokens_BxT, lengths_B)
         # Continuation slots; with no match, repeat the last token.
         src_BxG = best_B[:, None] + jnp.arange(gamma)
         src_BxG = jnp.where(best_B[:, None] >= 0,

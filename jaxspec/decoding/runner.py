@@ -16,6 +16,7 @@ import numpy as np
 from jaxspec import sharding
 from jaxspec.decoding import speculative, trees
 from jaxspec.decoding.drafters import as_drafter
+from jaxspec.decoding.plan import AcceptanceMemory
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.errors import UserError
 from jaxspec.loading import cache_root, check_token_ids
@@ -212,6 +213,7 @@ class Decoder:
         self._compiled: collections.OrderedDict = collections.OrderedDict()
         self.max_size = max_size
         self.compiles = 0
+        self.acceptance = AcceptanceMemory()  # gamma="auto"'s per-drafter history
 
     def clear(self) -> None:
         """Free the compiled functions (each holds memory and a few memory mappings)."""
@@ -254,7 +256,7 @@ class Decoder:
         return self._compiled[key]
 
     def __call__(self, target, drafter, prompts, *, gamma, max_new_tokens, sampling, seed, stop,
-                 chat, gamma_max=4, costs=None, tree=None) -> GenerationResult:
+                 chat, gamma_max=4, costs=None, tree=None, remember=True) -> GenerationResult:
         auto = isinstance(gamma, str)
         if auto and gamma != "auto":
             raise UserError(f"gamma must be an int or 'auto', got {gamma!r}")
@@ -289,6 +291,12 @@ class Decoder:
             drafter, statics = None, {**statics, "gamma": 0, "costs": None}
         args = (target.params, drafter, *_rows(target, tokens, lengths_p, max_new_p),
                 _key(target, seed))
+        memory_key = None
+        if statics["costs"] is not None:
+            memory_key = (target.name, drafter.name, drafter.spec, sampling, gamma)
+            prior_2xG = (self.acceptance.prior(memory_key, gamma) if remember
+                         else np.zeros((2, gamma), np.float32))
+            args += (_replicated(target, prior_2xG),)
         def check():
             from jaxspec.decoding import memory  # also a `python -m` entry: import when used
 
@@ -299,7 +307,10 @@ class Decoder:
         t0 = time.perf_counter()
         state = jax.block_until_ready(run(*args))
         wall = time.perf_counter() - t0
-        return _result(target, state, len(ids), gamma, wall, compile_s)
+        result = _result(target, state, len(ids), gamma, wall, compile_s)
+        if memory_key is not None and remember:
+            self.acceptance.update(memory_key, result.accept_lengths, result.draft_lengths, gamma)
+        return result
 
     def stream(self, target, prompts, seeds=None, *, batch_size: int, max_new_tokens: int,
                sampling: Sampling, stop, refill_size: int | None = None, max_steps: int = 64,
@@ -395,8 +406,14 @@ def _key(model, seed: int):
     key = jax.random.key(seed)
     if model.mesh is None:
         return key
-    data = np.asarray(jax.random.key_data(key))
-    return jax.random.wrap_key_data(sharding.global_array(data, sharding.replicated(model.mesh)))
+    return jax.random.wrap_key_data(_replicated(model, np.asarray(jax.random.key_data(key))))
+
+
+def _replicated(model, host_array):
+    """A host array on the device, replicated over the model's mesh if it has one."""
+    if model.mesh is None:
+        return jnp.asarray(host_array)
+    return sharding.global_array(host_array, sharding.replicated(model.mesh))
 
 
 def _result(target, state, B, gamma, wall, compile_s) -> GenerationResult:
@@ -454,7 +471,8 @@ def speculative_generate(target, drafter, prompts, gamma: int | str | None = Non
                          max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
                          top_k: int | None = None, top_p: float | None = None, seed: int = 0,
                          stop=None, chat: bool = False, gamma_max: int = 4,
-                         costs: Sequence[float] | None = None, tree=None) -> GenerationResult:
+                         costs: Sequence[float] | None = None, tree=None,
+                         remember: bool = True) -> GenerationResult:
     """Speculative decoding: `drafter` (a jaxspec Model or a Drafter from `layer_skip_drafter`,
     `ngram_drafter`, `model_drafter`) proposes `gamma` tokens, the target verifies them in one
     call, and each row keeps what it accepts. Greedy output equals `generate`'s; sampled output
@@ -462,7 +480,10 @@ def speculative_generate(target, drafter, prompts, gamma: int | str | None = Non
 
     gamma="auto": each row picks its draft length (0 to `gamma_max`) every step from its
     acceptance so far and the cost model (`costs`: the step cost of each length relative to a
-    plain step; by default measured by `jaxspec profile` and cached).
+    plain step; by default measured by `jaxspec profile` and cached). Rows start from what
+    earlier calls in this process measured of the same drafter, target and sampling, per draft
+    position (`plan.AcceptanceMemory`), and this call's counts are added to it; remember=False
+    starts from the prior alone and leaves the history as it was.
 
     tree: instead of a chain of gamma, each step drafts a token tree, given as Medusa/EAGLE
     "choices" (paths of candidate ranks, e.g. [(0,), (1,), (0, 0), (0, 1), (1, 0)]) or a
@@ -481,4 +502,4 @@ def speculative_generate(target, drafter, prompts, gamma: int | str | None = Non
         gamma = None if tree is not None else getattr(spec, "tuned_gamma", None) or 4
     return _DECODER(target, drafter, prompts, gamma=gamma, max_new_tokens=max_new_tokens,
                     sampling=Sampling(temperature, top_k, top_p), seed=seed, stop=stop, chat=chat,
-                    gamma_max=gamma_max, costs=costs, tree=tree)
+                    gamma_max=gamma_max, costs=costs, tree=tree, remember=remember)

@@ -72,9 +72,10 @@ def cache_dtype(target_params):
 
 
 def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_lengths_B,
-            max_new_B, key, counts: int = 0) -> DecodeState:
+            max_new_B, key, prior_2xG=None) -> DecodeState:
     """Fill both caches with each row's prompt (`fill_cache`: fixed-size chunks, so the prompt
-    length never changes compiled shapes); `counts`: the draft positions gamma="auto" tracks."""
+    length never changes compiled shapes); `prior_2xG`: for gamma="auto", each row's starting
+    acceptance counts (accepted, tried) of the G draft positions it tracks."""
     B, T = tokens_BxT.shape
     filled = fill_cache(target_params, config, tokens_BxT, prompt_lengths_B,
                         init_cache(config, B, T, cache_dtype(target_params)),
@@ -82,12 +83,14 @@ def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_leng
     cache, feats_BxTxD = filled if reads_features(drafter) else (filled, jnp.zeros((B, T, 0)))
     dstate = (drafter.spec.init(drafter.params, tokens_BxT, prompt_lengths_B, feats_BxTxD)
               if drafter is not None else ())
+    prior_2xG = jnp.zeros((2, 0)) if prior_2xG is None else prior_2xG
+    counts = lambda i: jnp.broadcast_to(prior_2xG[i], (B, prior_2xG.shape[1])).astype(jnp.float32)
     return constrain(DecodeState(
         tokens_BxT=tokens_BxT, lengths_B=prompt_lengths_B, prompt_lengths_B=prompt_lengths_B,
         max_new_B=max_new_B, done_B=max_new_B <= 0, target_cache=cache, drafter_state=dstate,
         key=key, steps_B=jnp.zeros((B,), jnp.int32), gained_BxN=jnp.zeros((B, T), jnp.int32),
-        gamma_BxN=jnp.zeros((B, T), jnp.int32), accepted_BxG=jnp.zeros((B, counts), jnp.float32),
-        tried_BxG=jnp.zeros((B, counts), jnp.float32), features_BxTxD=feats_BxTxD), B)
+        gamma_BxN=jnp.zeros((B, T), jnp.int32), accepted_BxG=counts(0), tried_BxG=counts(1),
+        features_BxTxD=feats_BxTxD), B)
 
 
 def verify(target_params, config, state: DecodeState, draft_BxN,
@@ -265,7 +268,8 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
     """Run until every row is done. Without `costs` every row drafts `gamma` tokens a step, or
     the nodes of `tree` (then gamma is unused; a chain of gamma is the same tree); with them
     (the step cost of each draft length 0..gamma, relative to a plain step), each row picks its
-    own length every step (`plan.choose_gamma`); the step runs the shortest compiled length
+    own length every step (`plan.choose_gamma`; 0 where the drafter has no draft, `has_draft`);
+    the step runs the shortest compiled length
     (`plan.branch_lengths`) covering the longest pick, and every row that picked a draft drafts
     that length.
 
@@ -281,7 +285,7 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
     if costs is not None and state.accepted_BxG.shape[1] != len(costs) - 1:
         raise ValueError(f"{len(costs)} step costs need acceptance counts for {len(costs) - 1} "
                          f"draft positions; the state has {state.accepted_BxG.shape[1]} "
-                         "(prefill's `counts`)")
+                         "(prefill's `prior_2xG`)")
     top = chain(gamma) if tree is None else tree
 
     def step(t: Tree, state, gamma_B, k_draft, k_accept):
@@ -321,6 +325,10 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
         else:
             want_B = jnp.where(state.done_B, 0,
                                choose_gamma(state.accepted_BxG, state.tried_BxG, costs))
+            if hasattr(drafter.spec, "has_draft"):
+                want_B = jnp.where(drafter.spec.has_draft(drafter.params, state.drafter_state,
+                                                          state.tokens_BxT, state.lengths_B),
+                                   want_B, 0)
             lengths = branch_lengths(costs)
             branch = jnp.searchsorted(jnp.asarray(lengths), jnp.max(want_B))
             # Every row that drafts takes the step's length: its verification is paid for
@@ -350,13 +358,16 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
     return state
 
 
-def run(target_params, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key, *,
-        config: ModelConfig, gamma: int, sampling: Sampling, stop_ids: tuple[int, ...],
+def run(target_params, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key, prior_2xG=None,
+        *, config: ModelConfig, gamma: int, sampling: Sampling, stop_ids: tuple[int, ...],
         costs: tuple[float, ...] | None = None,
         tree: Tree | DynamicTree | None = None) -> DecodeState:
-    """Prefill and decode; jit this with everything after `*` static."""
+    """Prefill and decode; jit this with everything after `*` static. With `costs` (gamma
+    "auto"), `prior_2xG` gives each row's starting acceptance counts (default none)."""
+    if costs is not None and prior_2xG is None:
+        prior_2xG = jnp.zeros((2, len(costs) - 1))
     state = prefill(target_params, config, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key,
-                    0 if costs is None else len(costs) - 1)
+                    prior_2xG)
     return decode_loop(target_params, config, drafter, state, gamma=gamma, sampling=sampling,
                        stop_ids=stop_ids, costs=costs, tree=tree)
 

@@ -76,6 +76,42 @@ def test_a_drafter_the_prior_never_picks_is_not_run(target, far_model, plain, mo
                                      costs=FLAT, max_new_tokens=3)
 
 
+def test_a_call_starts_from_what_earlier_calls_measured(target, far_model, plain):
+    """The second call with a useless drafter starts at its remembered acceptance, not the
+    prior, so it probes less; remember=False starts from the prior and changes nothing."""
+    kw = dict(gamma="auto", gamma_max=4, costs=FLAT, max_new_tokens=[24, 17, 30])
+    drafts = lambda r: sum(d > 0 for row in r.draft_lengths for d in row)
+    cold = jaxspec.speculative_generate(target, far_model, PROMPTS, remember=False, **kw)
+    first = jaxspec.speculative_generate(target, far_model, PROMPTS, **kw)
+    second = jaxspec.speculative_generate(target, far_model, PROMPTS, **kw)
+    again_cold = jaxspec.speculative_generate(target, far_model, PROMPTS, remember=False, **kw)
+    assert first.draft_lengths == cold.draft_lengths == again_cold.draft_lengths
+    assert drafts(second) < drafts(first)
+    third = jaxspec.speculative_generate(target, far_model, PROMPTS, **kw)
+    assert drafts(third) <= drafts(second)  # remember=False added nothing in between
+    assert second.token_ids == third.token_ids == plain.token_ids
+
+
+def test_ngram_rows_without_a_match_take_plain_steps(target, plain):
+    """Where the text's last token never occurred before, prompt lookup has nothing to propose
+    and gamma "auto" does not verify its filler: those steps draft 0 tokens."""
+    res = jaxspec.speculative_generate(target, jaxspec.ngram_drafter(2), PROMPTS, gamma="auto",
+                                       gamma_max=4, costs=FLAT, max_new_tokens=[24, 17, 30])
+    assert res.token_ids == plain.token_ids
+    unmatched = matched = 0
+    for prompt, new, gains, drafted in zip(PROMPTS, res.token_ids, res.accept_lengths,
+                                           res.draft_lengths):
+        text, end = list(prompt) + new, len(prompt)
+        for gained, d in zip(gains, drafted):
+            if text[end - 1] not in text[:end - 1]:
+                assert d == 0
+                unmatched += 1
+            else:
+                matched += d > 0
+            end += gained
+    assert unmatched and matched
+
+
 def test_a_perfect_drafter_reaches_the_longest_draft(target):
     res = jaxspec.speculative_generate(target, target, PROMPTS, gamma="auto", gamma_max=4,
                                        costs=FLAT, max_new_tokens=40)

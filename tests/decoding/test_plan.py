@@ -27,6 +27,31 @@ def test_per_position_acceptance_counts_accept_lengths():
     np.testing.assert_allclose(P.per_position_acceptance([[1, 1]], 2), [0, 0])
 
 
+def test_position_counts_follow_each_steps_draft_length():
+    # (gained, drafted): (1, 0) reaches nothing; (3, 2) reaches and accepts 1-2; (2, 4) reaches
+    # 1-2 and accepts 1; (5, 4) reaches and accepts 1-4.
+    accepted, reached = P.position_counts([[1, 3, 2], [5]], [[0, 2, 4], [4]], 4)
+    np.testing.assert_array_equal(accepted, [3, 2, 1, 1])
+    np.testing.assert_array_equal(reached, [3, 3, 1, 1])
+
+
+def test_acceptance_memory_starts_rows_at_the_remembered_rates():
+    m = P.AcceptanceMemory(weight=4.0, cap=10.0)
+    np.testing.assert_array_equal(m.prior("head", 5), np.zeros((2, 5)))
+    m.update("head", [[1, 3, 2], [5]], [[0, 2, 4], [4]], 5)
+    # Rates 3/3, 2/3, 1/1, 1/1 as 4 tries each; position 5 was never reached: no prior.
+    np.testing.assert_allclose(m.prior("head", 5), [[4, 8 / 3, 4, 4, 0], [4, 4, 4, 4, 0]],
+                               rtol=1e-6)
+    np.testing.assert_array_equal(m.prior("other", 5), np.zeros((2, 5)))
+    for _ in range(5):  # 3 misses each: past the cap of 10 reached first drafts, the counts
+        m.update("head", [[1, 1, 1]], [[1, 1, 1]], 5)  # scale down, older ones again each time
+    accepted, reached = m._counts["head"]
+    assert reached[0] == pytest.approx(10.0)
+    assert accepted[0] == pytest.approx(3 * 10 / 12 * 10 / 13 * 10 / 13)
+    m.clear()
+    np.testing.assert_array_equal(m.prior("head", 5), np.zeros((2, 5)))
+
+
 def test_costs_interpolate_between_measured_sizes():
     costs = {"1": 1.0, "2": 1.2, "4": 1.6}
     assert P.relative_cost(costs, 3) == pytest.approx(1.4)
@@ -103,7 +128,8 @@ def test_acceptance_counts_per_position_follow_each_step(target):
 
     B = 4
     state = S.prefill(target.params, target.config, None, jnp.ones((B, 16), jnp.int32),
-                      jnp.full((B,), 3), jnp.full((B,), 8), jax.random.key(0), counts=3)
+                      jnp.full((B,), 3), jnp.full((B,), 8), jax.random.key(0),
+                      prior_2xG=jnp.zeros((2, 3)))
     gamma_B, n_B = jnp.array([0, 2, 3, 3]), jnp.array([0, 2, 1, 3])
     state = S.track(state, gamma_B, n_B)
     np.testing.assert_array_equal(state.accepted_BxG, [[0, 0, 0], [1, 1, 0], [1, 0, 0],

@@ -136,7 +136,8 @@ def test_ngram_and_layer_skip_match_target_distribution(target):
 
 
 def test_auto_gamma_matches_target_distribution(target, drafter):
-    """Draft lengths chosen from each row's history stay exact. These costs make a fresh row
+    """Draft lengths chosen from each row's history, and from earlier calls' (every seed after
+    the first starts from the remembered acceptance), stay exact. These costs make a fresh row
     draft one token (acceptance estimate 1/4), and a row whose draft was rejected draft none
     (estimate 1/6): the second token comes from a plain step on those rows."""
     s = Sampling(1.0)
@@ -146,7 +147,7 @@ def test_auto_gamma_matches_target_distribution(target, drafter):
     assert tv(got, exact) < TV_BOUND
     res = jaxspec.speculative_generate(target, drafter, [PROMPT] * 512, gamma="auto",
                                        gamma_max=2, costs=costs, max_new_tokens=2,
-                                       temperature=1.0)
+                                       temperature=1.0, remember=False)  # fresh rows
     assert {tuple(d) for d in res.draft_lengths} == {(1,), (1, 0)}
 
 
