@@ -52,11 +52,15 @@ def models(config, seed):
 
 
 def decode(target, drafter, method, temperature=0.0):
-    """Token ids of one method: ar, model, layerskip, ngram, eagle (a hidden-state head) or tree
-    (the model drafter over a token tree)."""
+    """Token ids of one method: ar, model, layerskip, ngram, eagle (a hidden-state head), tree
+    (the model drafter over a token tree) or auto (it with gamma "auto")."""
     kw = dict(max_new_tokens=NEW, temperature=temperature, seed=5)
     if method == "ar":
         return jaxspec.generate(target, PROMPTS, **kw).token_ids
+    if method == "auto":
+        return jaxspec.speculative_generate(target, jaxspec.model_drafter(drafter), PROMPTS,
+                                            gamma="auto", gamma_max=3,
+                                            costs=(1.0, 1.05, 1.1, 1.15), **kw).token_ids
     if method == "tree":
         return jaxspec.speculative_generate(target, jaxspec.model_drafter(drafter), PROMPTS,
                                             tree=[(0,), (1,), (0, 0), (1, 0)], **kw).token_ids
@@ -168,13 +172,14 @@ def main():
     result = {}
     if mode == "meshes":
         sampled = [("llama", "model", 1.0)]
-        later = [("llama", "eagle", 0.0), ("llama", "tree", 0.0)]  # hidden state, token tree
+        later = [("llama", "eagle", 0.0), ("llama", "tree", 0.0),  # hidden state, token tree,
+                 ("llama", "auto", 0.0)]  # gamma "auto" (its acceptance prior replicated)
         gemma = [("gemma", m, 0.0) for m in METHODS]
         result["ref"] = runs([("llama", m, 0.0) for m in METHODS] + sampled + gemma + later)
         result["mesh"] = {str(dims): runs([("llama", m, 0.0) for m in ms], mesh_of(dims))
                           for dims, ms in LLAMA_CASES.items()}
         result["mesh"]["(2, 1, 4) sampled"] = runs(sampled, mesh_of((2, 1, 4)))
-        result["mesh"]["(2, 1, 4) eagle, tree"] = runs(later, mesh_of((2, 1, 4)))
+        result["mesh"]["(2, 1, 4) eagle, tree, auto"] = runs(later, mesh_of((2, 1, 4)))
         result["mesh"]["gemma (2, 1, 4)"] = runs(gemma, mesh_of((2, 1, 4)))
         result["mesh"]["gemma (8, 1, 1)"] = runs(gemma, mesh_of((8, 1, 1)))
         result["mesh"]["gemma (1, 1, 8) kv replicated"] = runs(
