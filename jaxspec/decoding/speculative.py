@@ -269,9 +269,8 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
     the nodes of `tree` (then gamma is unused; a chain of gamma is the same tree); with them
     (the step cost of each draft length 0..gamma, relative to a plain step), each row picks its
     own length every step (`plan.choose_gamma`; 0 where the drafter has no draft, `has_draft`);
-    the step runs the shortest compiled length
-    (`plan.branch_lengths`) covering the longest pick, and every row that picked a draft drafts
-    that length.
+    the step runs the shortest compiled length (`plan.branch_lengths`) covering the longest
+    pick, and every row that picked a draft drafts that length.
 
     `max_steps` and `min_done` (ints or traced scalars; None: no bound) also end the loop after
     that many steps, or once at least that many rows are done: a continuous-batching caller then
