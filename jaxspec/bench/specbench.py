@@ -14,6 +14,7 @@ one question at a time, so a killed run resumes where it stopped.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import sys
 import time
@@ -84,6 +85,11 @@ def parse_methods(specs: Sequence[str], gammas: Sequence[int | str],
             if tree and kind in SPECULATIVE and not staged:
                 out.append(Method(kind, full, 0, float(t), tree if isinstance(tree, DynamicTree)
                                   else tuple(map(tuple, tree))))
+    names = collections.Counter(m.name for m in out)
+    if clash := sorted(n for n, k in names.items() if k > 1):
+        # Each method's answers live in <name>.jsonl: two with one name would share a file.
+        raise UserError(f"methods {', '.join(clash)} appear twice (two drafter paths ending in "
+                        f"the same folder name?); give each drafter its own folder name")
     return out
 
 

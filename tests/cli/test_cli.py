@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from jaxspec import cli
+from jaxspec.errors import UserError
 
 SUBCOMMANDS = ("generate", "distill", "train", "bench", "report", "export", "demo",
                "tune-layer-skip", "tune-tree", "table1")
@@ -188,6 +189,17 @@ def test_bench_writes_answers_and_report(tiny_model, questions, tmp_path, capsys
         assert name in report
     results = json.loads((out_dir / "results.json").read_text())
     assert f"{tiny_model} (bfloat16)" in results
+
+
+def test_bench_refuses_two_methods_with_one_name(tmp_path):
+    from jaxspec.bench import specbench
+
+    for run in ("a", "b"):
+        (tmp_path / run / "drafter").mkdir(parents=True)
+    with pytest.raises(UserError, match="drafter-drafter-g1-t0 appear twice"):
+        specbench.parse_methods([f"drafter:{tmp_path}/a/drafter", f"drafter:{tmp_path}/b/drafter"],
+                                [1], [0.0])
+    assert len(specbench.parse_methods(["ngram:2", "ngram:3"], [1], [0.0])) == 2
 
 
 def test_tune_layer_skip_writes_a_bench_config_that_runs(tiny_model, questions, tmp_path,
