@@ -170,25 +170,29 @@ def cmd_demo(args):
     o = _options(args, {"target": "gemma3-270m", "gamma": "auto", "max_new_tokens": 48,
                         "dtype": "bfloat16", "repeats": 3})
     rows = demo.run(o["target"], o.get("drafter"), o["gamma"], o["max_new_tokens"],
-                    dtype=o["dtype"], repeats=int(o["repeats"]))
+                    dtype=o["dtype"], repeats=int(o["repeats"]), quick=bool(o.get("quick")))
     if not all(r["identical"] for r in rows):
         raise SystemExit(1)
 
 
 def cmd_profile(args):
     import jaxspec
-    from jaxspec.decoding.profile import format_profile, profile
+    from jaxspec.decoding.profile import format_profile, profile, step_costs
     from jaxspec.loading import parse_drafter
 
     o = _options(args, {"model": "gemma3-270m", "dtype": "float32", "refresh": False})
     model = jaxspec.load(o["model"], dtype=o["dtype"])
     drafter = parse_drafter(o["drafter"], model) if o.get("drafter") else None
     r = profile(model, o["model"], drafter, o.get("drafter"), refresh=o["refresh"])
+    if drafter is not None:
+        r["step_costs"] = [round(c, 4) for c in step_costs(model, o["model"], drafter,
+                                                           o["drafter"], 4)]
     print(json.dumps(r, indent=1) if o.get("json") else format_profile(r))
 
 
 def cmd_plan(args):
     import jaxspec
+    from jaxspec.checkpoints import heads
     from jaxspec.decoding.profile import plan_drafter
     from jaxspec.loading import parse_drafter
 
@@ -196,12 +200,20 @@ def cmd_plan(args):
                         "max_new_tokens": 64, "limit": 10, "template": "{prompt}"})
     if not o.get("drafter") or not (o.get("prompt") or o.get("questions")):
         raise SystemExit("jaxspec plan: give --drafter and --prompt or --questions")
+    if o.get("into") and not heads.is_head(o["into"]):
+        raise SystemExit(f"jaxspec plan: --into {o['into']} is not a hidden-state drafter "
+                         f"checkpoint (no {heads.MARKER})")
     prompts = _prompts(o)
     model = jaxspec.load(o["model"], dtype=o["dtype"])
     p = plan_drafter(model, o["model"], parse_drafter(o["drafter"], model), o["drafter"],
                      prompts, o["gamma_max"], o["max_new_tokens"], chat=bool(o.get("chat")),
                      stop=o.get("stop"))
     print(p.describe())
+    if o.get("into"):
+        src = o.get("questions") or "--prompt"
+        heads.set_accept(o["into"], p.accept_G, f"jaxspec plan, gamma {o['gamma_max']}, "
+                         f"{len(prompts)} prompts of {src}, {o['dtype']}")
+        print(f"recorded the acceptance in {o['into']}")
 
 
 def cmd_tune_layer_skip(args):
@@ -295,7 +307,7 @@ def _add_prompts(p: argparse.ArgumentParser, limit: int, gamma_max: int | None =
         p.add_argument("--gamma-max", dest="gamma_max", type=int,
                        help=f"largest gamma (default {gamma_max})")
     p.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
-    p.add_argument("--stop", help="stop token (single-token string)")
+    p.add_argument("--stop", help="stop string or token id")
     p.add_argument("--chat", action="store_true", default=None, help="apply the chat template")
 
 
@@ -323,7 +335,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", dest="top_k", type=int)
     g.add_argument("--top-p", dest="top_p", type=float)
     g.add_argument("--seed", type=int)
-    g.add_argument("--stop", action="append", help="a stop token (single-token string)")
+    g.add_argument("--stop", action="append", help="a stop string or token id (repeat for several)")
     g.add_argument("--chat", action="store_true", default=None, help="apply the chat template")
     g.set_defaults(func=cmd_generate)
 
@@ -338,7 +350,7 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--temperatures", nargs="+", type=float, help="default 0 (greedy)")
     b.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     b.add_argument("--template", help="prompt template with {prompt}")
-    b.add_argument("--stop", help="stop token (single-token string)")
+    b.add_argument("--stop", help="stop string or token id")
     b.add_argument("--chat", action="store_true", default=None, help="apply the chat template")
     b.add_argument("--limit", type=int, help="only the first N questions")
     b.add_argument("--out-dir", dest="out_dir", help="where answers and reports go")
@@ -366,6 +378,8 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)
     d.add_argument("--repeats", type=int, help="decodings of each sentence each way; tokens/s "
                                                "from the fastest (default 3)")
+    d.add_argument("--quick", action="store_true", help="each sentence once each way, then "
+                   "the other embedded model: a fresh install's check")
     d.set_defaults(func=cmd_demo)
 
     f = sub.add_parser("profile", help="cost of verifying S positions, drafter cost, roofline")
@@ -379,6 +393,8 @@ def parser() -> argparse.ArgumentParser:
     n = sub.add_parser("plan", help="expected speedup of each gamma for a drafter (cost model)")
     _add_prompts(n, limit=10, gamma_max=8)
     n.add_argument("--drafter", help="ngram[:N], layerskip:LAYERS, or a drafter name or path")
+    n.add_argument("--into", help="record the measured per-position acceptance in this "
+                                  "hidden-state drafter (gamma auto starts from it)")
     n.set_defaults(func=cmd_plan)
 
     t = sub.add_parser("tune-layer-skip", help="search the layers a self-speculative drafter "

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -31,3 +33,20 @@ def read_jsonl(path) -> Iterator[tuple[int, Any]]:
             yield lineno, json.loads(line)
         except json.JSONDecodeError as err:
             raise UserError(f"{path}:{lineno}: invalid JSON ({err.msg})") from err
+
+
+def cache_root() -> Path:
+    """`$JAXSPEC_CACHE`, by default ~/.cache/jaxspec."""
+    return Path(os.environ.get("JAXSPEC_CACHE", Path.home() / ".cache" / "jaxspec"))
+
+
+def cache_dir(kind: str, fmt: int) -> Path:
+    """The folder of one kind of cache entry, keyed by jaxspec's version and the entry's format,
+    so that neither an older jaxspec's entries nor an older format is ever read."""
+    return cache_root() / kind / f"jaxspec-{importlib.metadata.version('jaxspec')}-f{fmt}"
+
+
+def warn_rebuild(what: str, path: Path, err: Exception) -> None:
+    """The one-line warning for a cache entry that cannot be read and is built again."""
+    print(f"jaxspec: {what} at {path} is unreadable ({type(err).__name__}: "
+          f"{str(err).splitlines()[0] if str(err) else ''}); rebuilding it", file=sys.stderr)

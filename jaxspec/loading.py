@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib.util
 import json
 import os
@@ -17,12 +16,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import sharding
-from jaxspec.checkpoints import gguf, heads, hf, store
+from jaxspec.checkpoints import converted, gguf, heads, hf, store
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.drafters import Drafter, layer_skip_drafter, model_drafter, ngram_drafter
 from jaxspec.decoding.hidden import hidden_drafter
 from jaxspec.decoding.staged import staged_drafter
 from jaxspec.errors import UserError
+from jaxspec.files import cache_root
 from jaxspec.models.cache import init_cache
 from jaxspec.models.params import check_params
 from jaxspec.models.transformer import forward
@@ -95,21 +95,6 @@ REGISTRY: dict[str, Callable[[], Path]] = {
 }
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("JAXSPEC_CACHE", Path.home() / ".cache" / "jaxspec"))
-
-
-# Bump when GGUF conversion changes its output, so stale converted caches are not reused.
-CONVERSION_VERSION = 3
-
-
-def _cache_dir(source: Path) -> Path:
-    st = source.stat()
-    key = hashlib.sha256(f"{source.resolve()}|{st.st_size}|{st.st_mtime_ns}|"
-                         f"v{CONVERSION_VERSION}".encode()).hexdigest()
-    return cache_root() / "converted" / f"{source.stem}-{key[:12]}"
-
-
 def _progress(desc: str):
     """A progress callback `update(done, total)`; the bar opens on the first call."""
     from tqdm.auto import tqdm
@@ -126,25 +111,23 @@ def _progress(desc: str):
     return update
 
 
-def _convert_gguf(path: Path, cache: bool, shardings=None, place=None):
-    """GGUF -> (config, params, tokenizer), through an on-disk jaxspec checkpoint cache;
-    `shardings` and `place` put the params onto a mesh (see `load`)."""
-    target = _cache_dir(path)
-    if cache and store.is_checkpoint(target):
-        config, params, _ = store.restore(target, shardings=shardings)
-        tokenizer = store.load_tokenizer(target)
-        if tokenizer is not None:
-            return config, params, tokenizer
+def _convert_gguf(path: Path, cache: bool, put):
+    """GGUF -> (config, params, tokenizer), through the on-disk cache of converted files
+    (`checkpoints.converted`); `put(host array)` makes each param."""
+    folder = converted.entry(path)
+    hit = converted.load(folder, put) if cache else None
+    if hit is not None:
+        return hit
     t0 = time.perf_counter()
-    # (Opening a GGUFReader parses the whole vocabulary: open it once, in load_gguf.)
-    config, params = gguf.load_gguf(path, progress=_progress(f"converting {path.name}"),
-                                    place=place)
+    config, params = gguf.load_gguf(path, progress=_progress(f"converting {path.name}"))
     tokenizer = gguf.load_gguf_tokenizer(path)
-    if cache:
-        store.save(target, params, config, tokenizer, extra={"source": str(path)})
-        print(f"jaxspec: converted {path.name} in {time.perf_counter() - t0:.1f}s, cached at "
-              f"{target}", file=sys.stderr)
-    return config, params, tokenizer
+    if not cache:
+        return config, jax.tree.map(put, params), tokenizer
+    converted.save(folder, config, params, tokenizer)
+    print(f"jaxspec: converted {path.name} in {time.perf_counter() - t0:.1f}s, cached at "
+          f"{folder}", file=sys.stderr)
+    del params  # read back one array at a time: the host copy is not kept beside the result
+    return converted.load(folder, put)
 
 
 def resolve(name_or_path: str | os.PathLike) -> Path:
@@ -175,7 +158,7 @@ def load(name_or_path: str | os.PathLike, dtype=jnp.float32, cache: bool = True,
 
     With a `mesh` (`jaxspec.sharding.make_mesh`), params go straight onto it, split by `rules`
     (default `jaxspec.sharding.RULES`): a checkpoint is restored onto the target shardings by
-    orbax, and a converted model is put one param at a time as each is converted, never whole
+    orbax, and a converted model is put one param at a time from its host copy, never whole
     on one device. Decoding then runs over the mesh."""
     if str(dtype) not in ("float32", "bfloat16") and dtype not in (jnp.float32, jnp.bfloat16):
         raise UserError(f"dtype must be float32 or bfloat16, got {dtype}")
@@ -193,7 +176,14 @@ def load(name_or_path: str | os.PathLike, dtype=jnp.float32, cache: bool = True,
         if path.suffix != ".gguf":
             raise UserError(f"{path}: jaxspec loads .gguf files, HF directories and jaxspec "
                             f"checkpoint directories")
-        config, params, tokenizer = _convert_gguf(path, cache, shardings, place)
+        if mesh is None:
+            # A copy: a device array on the CPU could alias the memory map of the cache file.
+            config, params, tokenizer = _convert_gguf(
+                path, cache, lambda w: jnp.asarray(np.array(w, jnp.dtype(dtype))))
+        else:  # one param at a time from the host copy, never whole on one device
+            config, params, tokenizer = _convert_gguf(path, cache, np.array)
+            params = jax.tree.map(lambda w, s: sharding.global_array(
+                np.asarray(w, jnp.dtype(dtype)), s), params, shardings(config))
     elif store.is_checkpoint(path):
         config, params, meta = store.restore(path, shardings=shardings)
         tokenizer = store.load_tokenizer(path)
@@ -207,6 +197,13 @@ def load(name_or_path: str | os.PathLike, dtype=jnp.float32, cache: bool = True,
         config, params = hf.load_hf_dir(path, progress=_progress(f"loading {path.name}"),
                                         place=place)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
+    elif heads.is_head(path):  # a hidden-state drafter: no model of its own
+        try:
+            target = repr(heads.read_meta(path)["target"])
+        except (UserError, KeyError):
+            target = "<its target>"
+        raise UserError(f"{name!r} is a hidden-state drafter, not a model: load it with "
+                        f"jaxspec.load_drafter({name!r}, target=jaxspec.load({target}))")
     else:
         raise UserError(f"{path} has neither config.json (Hugging Face) nor {store.MARKER} "
                         f"(jaxspec checkpoint)")
@@ -250,7 +247,8 @@ def load_drafter(name_or_path: str | os.PathLike, dtype=jnp.float32,
         heads.check_target(meta, target, name_or_path)
         return hidden_drafter(target, meta["kind"], jax.tree.map(jnp.asarray, head),
                               meta["vocab_ids"], meta["depth"], meta.get("tuned_gamma"),
-                              name=str(name_or_path), tuned_tree=meta.get("tuned_tree"))
+                              name=str(name_or_path), tuned_tree=meta.get("tuned_tree"),
+                              tuned_accept=meta.get("tuned_accept"))
     model = load(name_or_path, dtype)
     ids = store.read_meta(path).get("vocab_ids") if store.is_checkpoint(path) else None
     return model_drafter(model, None if ids is None else np.asarray(ids, np.int32))

@@ -38,7 +38,6 @@ def record(drafter_name: str, path: str, config: str = "configs/bench/deen_auto.
 def replay(traces, costs_G1, gamma: int | None = None) -> float:
     """Tokens per plain step's time over all rows: fixed `gamma`, or auto (None)."""
     G = len(costs_G1) - 1
-    lengths = plan.branch_lengths(costs_G1)
     j_G = np.arange(1, G + 1)
     tokens = time = 0.0
     memory = plan.AcceptanceMemory()  # what the runner keeps between calls (questions)
@@ -47,11 +46,11 @@ def replay(traces, costs_G1, gamma: int | None = None) -> float:
         acc_1xG, tried_1xG = (x[None] for x in memory.prior("trace", G))
         gained, drafted = [], []
         while got < need:
-            g = gamma if gamma is not None else int(plan.choose_gamma(acc_1xG, tried_1xG,
-                                                                      costs_G1)[0])
+            g = gamma if gamma is not None else int(plan.choose_gamma(
+                acc_1xG, tried_1xG, np.asarray(costs_G1))[0])
             n = min(trace[i % len(trace)], g)
             i, got = i + 1, got + n + 1
-            time += costs_G1[g if gamma is not None else min(x for x in lengths if x >= g)]
+            time += costs_G1[g]
             acc_1xG = speculative._MEMORY * acc_1xG + (j_G <= n)
             tried_1xG = speculative._MEMORY * tried_1xG + (j_G <= min(n + 1, g))
             gained.append(n + 1), drafted.append(g)
@@ -74,8 +73,7 @@ def main() -> None:
     fixed = {g: replay(traces, costs, g) for g in range(len(costs))}
     auto = replay(traces, costs)
     print("fixed gamma:", " ".join(f"{g}: {s:.3f}x" for g, s in fixed.items()))
-    print(f"auto: {auto:.3f}x = {auto / max(fixed.values()):.3f} of the best fixed gamma "
-          f"(branches {plan.branch_lengths(costs)})")
+    print(f"auto: {auto:.3f}x = {auto / max(fixed.values()):.3f} of the best fixed gamma")
 
 
 if __name__ == "__main__":

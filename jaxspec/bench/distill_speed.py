@@ -108,7 +108,7 @@ def main(argv=None):
     ap.add_argument("--prompts", help="prompts.json of a recipe, a JSON list, or a text file")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--stop", default="\n", help="a single-token stop string ('' for none)")
+    ap.add_argument("--stop", default="\n", help="a stop string ('' for none)")
     ap.add_argument("--chat", action="store_true")
     ap.add_argument("--json", help="also write the rows to this JSON file")
     args = ap.parse_args(argv)

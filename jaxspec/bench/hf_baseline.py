@@ -36,6 +36,7 @@ class HFRunner:
 
     def __init__(self, target_name, target, method, chat, stop):
         import jaxspec
+        from jaxspec.decoding import stops
         from jaxspec.decoding.runner import stop_ids
 
         self.tok = target.tokenizer
@@ -46,6 +47,7 @@ class HFRunner:
             self.assistant = _hf_model(method.arg, jaxspec.load(method.arg))
         self.method, self.chat = method, chat
         self.stop_ids = list(stop_ids(target, stop))
+        self.stop_strings = stops.strings(target, stop)  # those over several tokens: cut below
         self.calls = 0
         self.model.register_forward_pre_hook(self._count)
 
@@ -55,6 +57,7 @@ class HFRunner:
     def __call__(self, prompt: str, max_new_tokens: int, seed: int):
         import torch
 
+        from jaxspec.decoding import stops
         from jaxspec.decoding.runner import encode_prompts
 
         ids = encode_prompts(self.target_model, [prompt], self.chat)[0]
@@ -76,10 +79,10 @@ class HFRunner:
             out = self.model.generate(torch.tensor([ids]), **kw)
         wall = time.perf_counter() - t0
         new = out[0, len(ids):].tolist()
+        new, text = stops.cut(self.tok, new, self.stop_strings)
         n = len(new)
         # transformers does not expose per-step accept lengths: spread the tokens over the
         # target's forward calls (one per verification), so tau (their mean) is exact.
         steps = max(1, self.calls) if self.assistant is not None else n
         accept = [n // steps + (1 if i < n % steps else 0) for i in range(steps)]
-        return (self.tok.decode(new, skip_special_tokens=True), n, wall,
-                [a for a in accept if a > 0], 0.0)
+        return text, n, wall, [a for a in accept if a > 0], 0.0

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxspec.checkpoints import hf
+from jaxspec.checkpoints import gguf_reader, hf
 from jaxspec.config import ModelConfig, RopeScaling
 from jaxspec.errors import UserError
 
-GGUF_MAGIC = b"GGUF"
 # llama.cpp permutes q/k rows of these architectures for its interleaved rope.
 _PERMUTED = ("llama", "mistral")
 _LLAMA_LIKE = ("llama", "mistral", "qwen2")
@@ -57,27 +56,27 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(w.shape))
 
 
+_ROWS = 8192  # rows dequantised at a time
+
+
 class GGUFError(UserError):
     pass
 
 
-def _open(path: Path):
-    import gguf
-
+def _open(path: Path) -> gguf_reader.GGUFFile:
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {path}")
     with open(path, "rb") as f:
-        if f.read(4) != GGUF_MAGIC:
+        if f.read(4) != gguf_reader.MAGIC:
             raise GGUFError(f"{path} is not a GGUF file (bad magic bytes)")
     try:
-        return gguf.GGUFReader(str(path))
-    except Exception as e:  # the reader fails in many ways on a truncated file
+        return gguf_reader.read(path)
+    except Exception as e:  # a truncated file fails in many ways
         raise GGUFError(f"{path} is a corrupt or truncated GGUF file: {e}") from e
 
 
 def _field(reader, key, default=None):
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
+    return reader.fields.get(key, default)
 
 
 def config_from_gguf(reader) -> ModelConfig:
@@ -108,7 +107,7 @@ def config_from_gguf(reader) -> ModelConfig:
                         f"biases on q/k/v only")
     if "tokenizer.ggml.tokens" not in reader.fields:
         raise GGUFError("GGUF metadata has no tokenizer.ggml.tokens (the vocabulary)")
-    vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    vocab = len(reader.fields["tokenizer.ggml.tokens"])
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     scaling = None
     if g("rope.scaling.type") == "linear":
@@ -146,32 +145,56 @@ def load_gguf(path: str | os.PathLike, dtype=np.float32, progress=None, place=No
     reader = _open(path)
     config = config_from_gguf(reader)
     arch = _field(reader, "general.architecture")
-    tensors = {}
-    for done, t in enumerate(reader.tensors, 1):
-        name = _hf_name(t.name, arch)
-        if name is None:
-            continue
-        try:
-            w = gguf.quants.dequantize(t.data, t.tensor_type)
+    by_name = {name: t for t in reader.tensors if (name := _hf_name(t.name, arch)) is not None}
+    done = 0
+
+    def get(name):  # dequantised when asked for: one float32 tensor at a time beside the params
+        nonlocal done
+        t = by_name[name]
+        rows = t.data.reshape(-1, t.data.shape[-1])
+        w = np.empty((rows.shape[0], int(t.shape[0])), np.float32)
+        try:  # in blocks of rows: dequantize's temporaries stay small
+            for i in range(0, len(rows), _ROWS):
+                w[i:i + _ROWS] = gguf.quants.dequantize(rows[i:i + _ROWS], t.tensor_type)
         except Exception as e:
             raise GGUFError(f"{path}: cannot dequantise tensor {t.name} "
                             f"({t.tensor_type.name}): {e}") from e
-        w = np.asarray(w, np.float32).reshape(tuple(int(d) for d in reversed(t.shape)))
+        w = w.reshape(tuple(int(d) for d in reversed(t.shape)))
         if arch in _PERMUTED and name.endswith(("q_proj.weight", "k_proj.weight")):
             n = config.num_heads if "q_proj" in name else config.num_kv_heads
             w = _unpermute(w, n)
         if arch == "gemma3" and name.endswith("norm.weight"):
             w = w - 1.0  # llama.cpp stores Gemma's 1 + w; the HF layout holds w
-        tensors[name] = w
+        done += 1
         if progress:
-            progress(done, len(reader.tensors))
-    return config, hf.params_from_hf_state(tensors.__getitem__, config, dtype,
+            progress(done, len(by_name))
+        return w
+
+    return config, hf.params_from_hf_state(get, config, dtype,
                                            place=place(config) if place else None)
 
 
-def load_gguf_tokenizer(path: str | os.PathLike):
-    """The tokenizer transformers builds from the GGUF file's vocabulary."""
-    from transformers import AutoTokenizer
+_SPECIAL = {"bos_token": "bos_token_id", "eos_token": "eos_token_id",
+            "unk_token": "unknown_token_id", "pad_token": "padding_token_id"}
 
-    path = Path(path)
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+def load_gguf_tokenizer(path: str | os.PathLike):
+    """The tokenizer `AutoTokenizer.from_pretrained(dir, gguf_file=...)` builds, from metadata
+    read here: transformers' own GGUF tokenizer converter, without its GGUF file reader (which
+    imports torch, a test-only dependency)."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+        GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer)
+
+    fields = _open(Path(path)).fields
+    grouped = {group: {name: fields[f"tokenizer.{key}"] for key, name in renames.items()
+                       if f"tokenizer.{key}" in fields}
+               for group, renames in GGUF_TOKENIZER_MAPPING.items()}
+    spec, kwargs = grouped["tokenizer"], grouped["tokenizer_config"]
+    if spec.get("tokenizer_type") == "llama":  # llama.cpp's default for sentencepiece files
+        kwargs.setdefault("add_bos_token", True)
+    for name, key in _SPECIAL.items():
+        token_id = fields.get(f"tokenizer.ggml.{key}")
+        kwargs[name] = spec["tokens"][token_id] if token_id is not None else None
+    backend, extra = convert_gguf_tokenizer(fields["general.architecture"], spec)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, **kwargs, **extra)

@@ -74,10 +74,18 @@ def read_meta(path: str | os.PathLike) -> dict:
 def set_tuned(path: str | os.PathLike, tree, note: str) -> None:
     """Record in the head at `path` the token tree (Medusa/EAGLE choices) it was tuned for and
     how (`note`); decoding with the head and no gamma or tree then uses that tree."""
+    _update(path, tuned_tree=[list(p) for p in tree], tuned_on=note)
+
+
+def set_accept(path: str | os.PathLike, accept_G, note: str) -> None:
+    """Record in the head at `path` its per-position acceptance and where it was measured
+    (`note`): gamma="auto" starts each row from it (`Drafter.tuned_accept`)."""
+    _update(path, tuned_accept=[round(float(a), 4) for a in accept_G], tuned_accept_on=note)
+
+
+def _update(path: str | os.PathLike, **fields) -> None:
     path = Path(path)
-    meta = read_meta(path)
-    meta["tuned_tree"] = [list(p) for p in tree]
-    meta["tuned_on"] = note
+    meta = {**read_meta(path), **fields}
     tmp = path / (MARKER + ".tmp")
     tmp.write_text(json.dumps(meta))
     os.replace(tmp, path / MARKER)

@@ -100,18 +100,18 @@ def params_from_hf_state(get, config: ModelConfig, dtype=np.float32, progress=No
     layers = []
     for i in range(config.num_layers):
         layers.append({ours: put(("layers", i, ours), _to_jax(
-            ours, fetch(f"model.layers.{i}.{hf}"), config).astype(dtype))
+            ours, fetch(f"model.layers.{i}.{hf}"), config).astype(dtype, copy=False))
             for ours, hf in names.items()})
         if progress:
             progress(i + 1, config.num_layers)
     params = {
-        "embed": put(("embed",), fetch("model.embed_tokens.weight").astype(dtype)),
+        "embed": put(("embed",), fetch("model.embed_tokens.weight").astype(dtype, copy=False)),
         "layers": layers,
-        "final_norm": put(("final_norm",),
-                          (fetch("model.norm.weight") + _norm_offset(config)).astype(dtype)),
+        "final_norm": put(("final_norm",), (fetch("model.norm.weight")
+                                            + _norm_offset(config)).astype(dtype, copy=False)),
     }
     if not config.tie_embeddings:
-        params["lm_head"] = put(("lm_head",), fetch("lm_head.weight").T.astype(dtype))
+        params["lm_head"] = put(("lm_head",), fetch("lm_head.weight").T.astype(dtype, copy=False))
     return params
 
 

@@ -47,11 +47,19 @@ from jaxspec.models.transformer import fill_cache, forward
 
 @flax.struct.dataclass
 class Drafter:
-    """A pytree: `params` are traced, `spec` and `name` are static."""
+    """A pytree: `params` are traced, `spec` is static; `name` and `tuned_accept` (the
+    per-position acceptance a trained drafter recorded when it was tuned, gamma="auto"'s
+    starting point) are for the host: the decode loop gets the drafter `bare`, so drafters of
+    one spec and param shapes share a compiled loop."""
 
     params: Any
     spec: Any = flax.struct.field(pytree_node=False)
     name: str = flax.struct.field(pytree_node=False, default="")
+    tuned_accept: tuple[float, ...] | None = flax.struct.field(pytree_node=False, default=None)
+
+    @property
+    def bare(self) -> "Drafter":
+        return Drafter(self.params, self.spec)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -390,7 +390,8 @@ def shared_params(target_params, vocab_ids) -> dict:
 
 
 def hidden_drafter(target, kind: str, head, vocab_ids=None, depth: int = 4,
-                   tuned_gamma: int | None = None, name: str = "", tuned_tree=None) -> Drafter:
+                   tuned_gamma: int | None = None, name: str = "", tuned_tree=None,
+                   tuned_accept=None) -> Drafter:
     """A hidden-state drafter of `kind` over `target` (a jaxspec Model) with trained weights
     `head` (from `head_params` or a checkpoint); `vocab_ids` [K] are the token ids its head
     proposes (default: the whole vocabulary)."""
@@ -405,4 +406,5 @@ def hidden_drafter(target, kind: str, head, vocab_ids=None, depth: int = 4,
     tree = None if tuned_tree is None else tuple(tuple(int(r) for r in p) for p in tuned_tree)
     spec = HiddenSpec(kind, target.config, depth, tuned_gamma, tree)
     spec.validate(params, target)
-    return Drafter(params, spec, name or kind)
+    return Drafter(params, spec, name or kind,
+                   None if tuned_accept is None else tuple(map(float, tuned_accept)))

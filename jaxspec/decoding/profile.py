@@ -23,8 +23,7 @@ from jaxspec.decoding.runner import generate, speculative_generate
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.decoding.speculative import cache_dtype, reads_features
 from jaxspec.errors import UserError
-from jaxspec.files import write_atomic
-from jaxspec.loading import cache_root
+from jaxspec.files import cache_dir, warn_rebuild, write_atomic
 from jaxspec.models.cache import init_cache
 from jaxspec.models.transformer import forward
 
@@ -91,28 +90,32 @@ def drafter_ms(drafter, config, gamma: int = 1, cache_len: int = 256,
     return ms / gamma
 
 
-def loop_ms(target, drafter, gammas, rounds: int = 3) -> dict[int, float]:
-    """Milliseconds per step of the decode loop drafting gamma tokens a step (0: plain
-    decoding), greedy, batch 1, for each of `gammas`: the slope of wall time against steps
-    between a short and a long output of one prompt (one compiled shape, so prefill and dispatch
-    cancel). The lengths are timed in turn for `rounds` rounds and each output keeps its fastest
-    time, so a burst of noise on the machine does not fall on one length alone."""
+def loop_ms(target, drafter, G: int, tokens: int = 16, rounds: int = 2) -> list[float]:
+    """Milliseconds per decode-loop step drafting g tokens, g = 1..G, greedy, batch 1, timed in
+    the very loop gamma="auto" with drafts of up to G then runs (one compiled function: the step
+    costs are its data), each length forced by costs that make every other length hopeless;
+    and of a plain decoding step (g = 0, `generate`): the slope of wall time against steps
+    between a one-token and a `tokens` output of one prompt. The calls take turns for `rounds`
+    rounds and each keeps its fastest time, so a burst of noise on the machine does not fall on
+    one length alone."""
     prompt = [[2 + i % 11 for i in range(16)]]
 
     def call(g: int, n: int):
         if g == 0:
             return generate(target, prompt, max_new_tokens=n)
-        return speculative_generate(target, drafter, prompt, gamma=g, max_new_tokens=n)
+        forced_G1 = np.full(G + 1, 1e6, np.float32)
+        forced_G1[g] = 1.0
+        return speculative_generate(target, drafter, prompt, gamma="auto", gamma_max=G,
+                                    costs=forced_G1, max_new_tokens=n, remember=False)
 
-    short, long = outputs = (16, 96)
-    best = {(g, n): np.inf for g in gammas for n in outputs}
-    steps = {(g, n): len(call(g, n).accept_lengths[0]) for g in gammas for n in outputs}
+    calls = [(g, n) for g in range(G + 1) for n in (1, tokens)]
+    steps, best = {}, dict.fromkeys(calls, np.inf)
     for _ in range(rounds):
-        for g in gammas:
-            for n in outputs:
-                best[g, n] = min(best[g, n], call(g, n).wall_time_s)
-    return {g: 1e3 * max(best[g, long] - best[g, short], 1e-9)
-            / max(steps[g, long] - steps[g, short], 1) for g in gammas}
+        for c in calls:
+            r = call(*c)  # greedy: the same steps every round
+            steps[c], best[c] = len(r.accept_lengths[0]), min(best[c], r.wall_time_s)
+    return [1e3 * max(best[g, tokens] - best[g, 1], 1e-9)
+            / max(steps[g, tokens] - steps[g, 1], 1) for g in range(G + 1)]
 
 
 def machine_id() -> str:
@@ -125,14 +128,27 @@ def machine_id() -> str:
     return f"{cpu}|{os.cpu_count()} cores|{devices[0].device_kind} x{len(devices)}|jax {jax.__version__}"
 
 
-_FORMAT = 2  # bump when a measurement changes meaning: older cached profiles are not reused
+_FORMAT = 3  # bump when a measurement changes meaning: older cached profiles are not reused
 
 
-def _cache_path(model, model_name: str, dtype: str, drafter: str | None):
-    key = hashlib.sha256(f"{model_name}|{model.config!r}|{dtype}|{drafter}|{machine_id()}|"
-                         f"{_FORMAT}"
+def _cache_path(model, model_name: str, dtype: str, drafter: str | None, what: str = "profile"):
+    key = hashlib.sha256(f"{model_name}|{model.config!r}|{dtype}|{drafter}|{machine_id()}"
                          .encode()).hexdigest()
-    return cache_root() / "profile" / f"{key[:16]}.json"
+    return cache_dir("profile", _FORMAT) / f"{what}-{key[:16]}.json"
+
+
+def _read(path, need: str) -> dict | None:
+    """A cached result holding `need`, or None (a damaged file is removed with a warning)."""
+    if not path.exists():
+        return None
+    try:
+        result = json.loads(path.read_text())
+        result[need]
+        return result
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        warn_rebuild("a cached profile", path, err)
+        path.unlink(missing_ok=True)
+        return None
 
 
 def profile(model, model_name: str, drafter=None, drafter_name: str | None = None,
@@ -140,8 +156,9 @@ def profile(model, model_name: str, drafter=None, drafter_name: str | None = Non
     """Measure (or read from the cache) the cost curve of `model` and the cost of `drafter`."""
     dtype = str(jax.tree.leaves(model.params)[0].dtype)
     path = _cache_path(model, model_name, dtype, drafter_name)
-    if path.exists() and not refresh:
-        return json.loads(path.read_text())
+    cached = None if refresh else _read(path, "target_ms")
+    if cached is not None:
+        return cached
     ms = target_ms(model, cache_len=cache_len)
     bw = bandwidth_gbs()
     nbytes = step_bytes(model, cache_len)
@@ -166,20 +183,24 @@ def _write(path, result: dict) -> None:
 
 
 def step_costs(model, model_name: str, drafter, drafter_name: str, gamma_max: int) -> list[float]:
-    """The cost of a decode-loop step drafting 0..gamma_max tokens, in plain steps, measured
-    (`loop_ms`) and cached with the drafter's profile; a longer draft is taken to cost at least
-    what a shorter one does. The loop costs more than its parts (Gemma 3 bfloat16 with the de->en
-    head, 2026-12-05: a gamma-1 step 1.07 plain steps, each further draft about +0.09, where the
+    """The cost of a decode-loop step drafting 0..gamma_max tokens, in plain steps of that loop,
+    measured (`loop_ms`) and cached per machine; a longer draft is taken to cost at least what a
+    shorter one does. The loop costs more than its parts (Gemma 3 bfloat16 with an EAGLE head:
+    a gamma-1 step about 1.08 plain steps, each further draft about +0.05 to +0.09, where the
     profile's verify and one-token drafter costs predicted +0.04 to +0.06), and planned from the
     parts, gamma "auto" drafted too long."""
-    result = profile(model, model_name, drafter, drafter_name)
-    ms = dict(result.get("loop_ms", {}))
-    missing = [g for g in range(gamma_max + 1) if str(g) not in ms]
-    if missing:
-        ms.update({str(g): round(t, 4) for g, t in loop_ms(model, drafter, missing).items()})
-        result = {**result, "loop_ms": ms}
-        _write(_cache_path(model, model_name, result["dtype"], drafter_name), result)
-    return list(np.maximum.accumulate([ms[str(g)] / ms["0"] for g in range(gamma_max + 1)]))
+    dtype = str(jax.tree.leaves(model.params)[0].dtype)
+    path = _cache_path(model, model_name, dtype, f"{drafter_name}|{gamma_max}", "loop")
+    result = _read(path, "loop_ms")
+    if result is None or len(result["loop_ms"]) != gamma_max + 1:
+        t0 = time.perf_counter()
+        ms = loop_ms(model, drafter, gamma_max)
+        result = {"model": model_name, "dtype": dtype, "drafter": drafter_name,
+                  "machine": machine_id(), "loop_ms": [round(t, 4) for t in ms],
+                  "seconds": round(time.perf_counter() - t0, 1)}
+        _write(path, result)
+    ms = result["loop_ms"]
+    return list(np.maximum.accumulate([t / ms[0] for t in ms]))
 
 
 def format_profile(r: dict) -> str:
@@ -193,10 +214,9 @@ def format_profile(r: dict) -> str:
     if "c" in r:
         lines.append(f"drafter {r['drafter']}: {r['drafter_ms_per_token']:.2f} ms per drafted "
                      f"token, c = {r['c']:.3f} of a target step")
-    if "loop_ms" in r:
-        loop = r["loop_ms"]
-        lines.append("decode-loop step by gamma: " + ", ".join(
-            f"{g}: {t:.1f} ms ({t / loop['0']:.3f})" for g, t in loop.items()))
+    if "step_costs" in r:
+        lines.append("decode-loop step cost by gamma, in plain steps: " + ", ".join(
+            f"{g}: {c:.3f}" for g, c in enumerate(r["step_costs"])))
     return "\n".join(lines)
 
 

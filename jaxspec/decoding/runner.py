@@ -14,12 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import sharding
-from jaxspec.decoding import speculative, trees
+from jaxspec.decoding import speculative, stops, trees, xla_cache
 from jaxspec.decoding.drafters import as_drafter
-from jaxspec.decoding.plan import AcceptanceMemory
+from jaxspec.decoding.plan import AcceptanceMemory, start_counts
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.errors import UserError
-from jaxspec.loading import cache_root, check_token_ids
+from jaxspec.loading import check_token_ids
 
 _CACHE_MIN = 256
 
@@ -82,21 +82,10 @@ def encode_prompts(model, prompts, chat: bool) -> list[list[int]]:
 
 
 def stop_ids(model, stop) -> tuple[int, ...]:
-    """The model's end-of-sequence ids and `stop` (single-token strings or ids), sorted."""
-    ids = set(model.config.eos_token_ids)
-    tok = model.tokenizer
-    if tok is not None and tok.eos_token_id is not None:
-        ids.add(int(tok.eos_token_id))
-    for s in [stop] if isinstance(stop, (str, int)) else (stop or ()):
-        if isinstance(s, str):
-            enc = tok.encode(s, add_special_tokens=False) if tok is not None else []
-            if len(enc) != 1:
-                raise UserError(f"stop string {s!r} is {len(enc)} tokens; stops must be single "
-                                f"tokens (pass ids for several)")
-            ids.add(enc[0])
-        else:
-            ids.add(int(s))
-    return tuple(sorted(ids))
+    """The ids that end a row alone, sorted: the model's end-of-sequence ids, the ids in `stop`
+    and every token whose text holds one of its strings (a string spelled by several tokens is
+    not among them: the loop's automata stop it, `stops.cut` cuts it)."""
+    return tuple(np.flatnonzero(stops.tables(model, stop)[0].ends_V).tolist())
 
 
 def _check_tokenizers(target, drafter_model) -> None:
@@ -148,14 +137,15 @@ def _auto_costs(target, drafter, gamma_max: int, costs) -> tuple[float, ...]:
     return costs
 
 
-def _never_drafts(costs) -> bool:
+def _never_drafts(costs_G1, tuned_accept) -> bool:
     """Whether gamma="auto" would never draft: every row starts at the prior acceptance, which
     only drafting moves, so when the prior picks no draft the drafter never runs (its prefill
     alone would cost time); such a call decodes without it."""
     from jaxspec.decoding.plan import choose_gamma
 
-    zeros_1xG = np.zeros((1, len(costs) - 1))
-    return int(choose_gamma(zeros_1xG, zeros_1xG, costs)[0]) == 0
+    G = len(costs_G1) - 1
+    accepted_1xG, tried_1xG = start_counts(None, tuned_accept, G)[:, None]
+    return int(choose_gamma(accepted_1xG, tried_1xG, np.asarray(costs_G1))[0]) == 0
 
 
 def _budgets(max_new_tokens, B: int) -> np.ndarray:
@@ -195,16 +185,6 @@ def _pad_batch(ids, max_new, T: int, pad_id: int, multiple: int = 1):
     return tokens, lengths, budgets
 
 
-def _use_compilation_cache() -> None:
-    """JAX's persistent compilation cache under the jaxspec cache directory, so a new process
-    finds its executables on disk; off with JAXSPEC_COMPILATION_CACHE=0, and a directory the user
-    configured is kept."""
-    if os.environ.get("JAXSPEC_COMPILATION_CACHE", "1") == "0":
-        return
-    if jax.config.jax_compilation_cache_dir is None:
-        jax.config.update("jax_compilation_cache_dir", str(cache_root() / "xla"))
-
-
 class Decoder:
     """Compiles one function per static setting and shape bucket; keeps the `max_size` most
     recently used. `compiles` counts executables built (or read from the persistent cache)."""
@@ -234,7 +214,7 @@ class Decoder:
             return self._compiled[key]
         if check is not None:
             check()
-        _use_compilation_cache()
+        xla_cache.use()
         traced = fn
         if mesh is not None:
             def traced(*a, **kw):  # a fresh function: no trace cached without the mesh is reused
@@ -247,7 +227,8 @@ class Decoder:
         if mesh is not None and mesh.devices.flat[0].platform == "cpu":
             jax.config.update("jax_enable_compilation_cache", False)
         try:
-            self._compiled[key] = jitted.lower(*args, **statics).compile()
+            with xla_cache.reading():
+                self._compiled[key] = jitted.lower(*args, **statics).compile()
         finally:
             jax.config.update("jax_enable_compilation_cache", cached)
         self.compiles += 1
@@ -283,20 +264,20 @@ class Decoder:
             _check_tokenizers(target, drafter)
             drafter = as_drafter(drafter)
             drafter.spec.validate(drafter.params, target)
-        statics = dict(config=target.config, gamma=gamma, sampling=sampling,
-                       stop_ids=stop_ids(target, stop),
-                       costs=_auto_costs(target, drafter, gamma, costs) if auto else None,
-                       tree=tree)
-        if auto and _never_drafts(statics["costs"]):
-            drafter, statics = None, {**statics, "gamma": 0, "costs": None}
-        args = (target.params, drafter, *_rows(target, tokens, lengths_p, max_new_p),
-                _key(target, seed))
-        memory_key = None
-        if statics["costs"] is not None:
+        stop_data, stop_strings = stops.tables(target, stop)
+        statics = dict(config=target.config, gamma=gamma, sampling=sampling, tree=tree)
+        costs_G1 = _auto_costs(target, drafter, gamma, costs) if auto else None
+        if auto and _never_drafts(costs_G1, drafter.tuned_accept):
+            drafter, costs_G1, statics = None, None, {**statics, "gamma": 0}
+        args = (target.params, drafter and drafter.bare,
+                *_rows(target, tokens, lengths_p, max_new_p), _key(target, seed))
+        memory_key = prior = None
+        if costs_G1 is not None:
             memory_key = (target.name, drafter.name, drafter.spec, sampling, gamma)
-            prior_2xG = (self.acceptance.prior(memory_key, gamma) if remember
-                         else np.zeros((2, gamma), np.float32))
-            args += (_replicated(target, prior_2xG),)
+            remembered = self.acceptance.prior(memory_key, gamma) if remember else None
+            prior = _replicated(target, start_counts(remembered, drafter.tuned_accept, gamma))
+            costs_G1 = _replicated(target, np.asarray(costs_G1, np.float32))
+        args += (prior, jax.tree.map(lambda a: _replicated(target, a), stop_data), costs_G1)
         def check():
             from jaxspec.decoding import memory  # also a `python -m` entry: import when used
 
@@ -307,7 +288,7 @@ class Decoder:
         t0 = time.perf_counter()
         state = jax.block_until_ready(run(*args))
         wall = time.perf_counter() - t0
-        result = _result(target, state, len(ids), gamma, wall, compile_s)
+        result = _result(target, state, len(ids), gamma, wall, compile_s, stop_strings)
         if memory_key is not None and remember:
             self.acceptance.update(memory_key, result.accept_lengths, result.draft_lengths, gamma)
         return result
@@ -345,12 +326,14 @@ class Decoder:
             T = int(cache_slots)
         pad = target.config.pad_token_id
         config = target.config
-        decode_statics = dict(config=config, gamma=0, sampling=sampling,
-                              stop_ids=stop_ids(target, stop), costs=None)
+        decode_statics = dict(config=config, gamma=0, sampling=sampling)
+        stop_data, stop_strings = stops.tables(target, stop)
         stats = self.stream_stats = {"prefill_calls": 0, "decode_calls": 0}
         slot_prompt = np.full(B, -1)  # the prompt each slot holds; -1: empty
         pending = collections.deque(range(len(ids)))
-        state = speculative.idle_state(config, B, T, speculative.cache_dtype(target.params))
+        state = speculative.idle_state(config, B, T, speculative.cache_dtype(target.params),
+                                       stop_data.next_SxVxL.shape[0])
+        stop_data = jax.tree.map(lambda a: _replicated(target, a), stop_data)
         if target.mesh is not None:
             state = jax.device_put(state, sharding.state_shardings(state, B, target.mesh,
                                                                    target.rules))
@@ -380,7 +363,7 @@ class Decoder:
                 return
             # While prompts wait, stop once R rows are done (all slots are full); then drain.
             args = (target.params, None, state, jnp.int32(max_steps),
-                    jnp.int32(R if pending else B))
+                    jnp.int32(R if pending else B), stop_data)
             decode_fn = decode_fn or self._executable(decode_statics, args, speculative.resume,
                                                       donate=(2,), model=target)
             state = decode_fn(*args)
@@ -389,7 +372,8 @@ class Decoder:
                 (state.done_B, state.tokens_BxT, state.lengths_B, state.prompt_lengths_B))
             for s in np.flatnonzero(done & (slot_prompt >= 0)):
                 i, slot_prompt[s] = int(slot_prompt[s]), -1
-                yield i, tokens[s, prompt_B[s]:lengths_B[s]].tolist()
+                new = tokens[s, prompt_B[s]:lengths_B[s]].tolist()
+                yield i, stops.cut(target.tokenizer, new, stop_strings)[0] if stop_strings else new
 
 
 def _rows(model, *host_arrays):
@@ -416,11 +400,18 @@ def _replicated(model, host_array):
     return sharding.global_array(host_array, sharding.replicated(model.mesh))
 
 
-def _result(target, state, B, gamma, wall, compile_s) -> GenerationResult:
+def _result(target, state, B, gamma, wall, compile_s, stop_strings=()) -> GenerationResult:
+    """The host's view of a finished state: each row's text ends before its first stop string,
+    its ids with the token that completed it (`stops.cut`)."""
     tokens, lengths, prompt_lengths, steps, gained, drafted = sharding.to_host(
         (state.tokens_BxT, state.lengths_B, state.prompt_lengths_B, state.steps_B,
          state.gained_BxN, state.gamma_BxN))
     token_ids = [tokens[b, prompt_lengths[b]:lengths[b]].tolist() for b in range(B)]
+    if stop_strings:
+        token_ids, texts = map(list, zip(*(stops.cut(target.tokenizer, t, stop_strings)
+                                           for t in token_ids)))
+    else:
+        texts = [decode_text(target, t) for t in token_ids]
     accept = [gained[b, :steps[b]].tolist() for b in range(B)]
     draft_lengths = [drafted[b, :steps[b]].tolist() for b in range(B)]
     flat = [a for row in accept for a in row]
@@ -429,15 +420,19 @@ def _result(target, state, B, gamma, wall, compile_s) -> GenerationResult:
     if gamma:
         n_drafted = sum(map(sum, draft_lengths))
         rate = float(sum(a - 1 for a in flat) / n_drafted) if n_drafted else 0.0
-    texts = [decode_text(target, t) for t in token_ids]
     return GenerationResult(token_ids, texts, accept, tau, rate, wall, compile_s, gamma,
                             draft_lengths)
 
 
-def decode_text(model, token_ids) -> str:
-    """The text of generated ids, special tokens skipped ("" without a tokenizer)."""
+def decode_text(model, token_ids, stop_strings: tuple[str, ...] = ()) -> str:
+    """The text of generated ids, special tokens skipped ("" without a tokenizer), up to just
+    before the first of `stop_strings` in it (`stops.strings`)."""
     tok = model.tokenizer
-    return tok.decode(token_ids, skip_special_tokens=True) if tok is not None else ""
+    if tok is None:
+        return ""
+    if stop_strings:
+        return stops.cut(tok, token_ids, stop_strings)[1]
+    return tok.decode(token_ids, skip_special_tokens=True)
 
 
 _DECODER = Decoder()
@@ -462,7 +457,12 @@ def stream_generate(model, prompts, seeds=None, *, batch_size: int = 8,
 def generate(model, prompts, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int = 0, stop=None,
              chat: bool = False) -> GenerationResult:
-    """Autoregressive decoding: prefill, then one `lax.while_loop` of one token per step."""
+    """Autoregressive decoding: prefill, then one `lax.while_loop` of one token per step.
+
+    stop: a string, a token id, or a list of them; the model's end-of-sequence ids always stop.
+    A row ends at the token whose text completes a stop string (inside the token or spelled over
+    several, in the generated text only): its ids end with that token, its text just before the
+    string."""
     return _DECODER(model, None, prompts, gamma=0, max_new_tokens=max_new_tokens,
                     sampling=Sampling(temperature, top_k, top_p), seed=seed, stop=stop, chat=chat)
 

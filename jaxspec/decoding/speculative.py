@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.plan import branch_lengths, choose_gamma
+from jaxspec.decoding.plan import choose_gamma
 from jaxspec.decoding.sampling import DraftProbs, Sampling, argmax, probs, sample
 from jaxspec.decoding.trees import DynamicTree, RowTree, Tree, chain, compact
 from jaxspec.models.cache import KVCache, init_cache
@@ -45,10 +45,25 @@ class DecodeState:
     tried_BxG: jnp.ndarray  # decayed by _MEMORY each step: gamma="auto"'s estimate (G = 0 else)
     features_BxTxD: jnp.ndarray  # slot t: the target's hidden state at position t, kept for
     # positions < length - 1 when the drafter reads features (D = 0 otherwise)
+    stop_BxS: jnp.ndarray  # each row's state in each stop string's automaton (`Stops`)
 
     @property
     def new_tokens_B(self):
         return self.lengths_B - self.prompt_lengths_B
+
+
+@flax.struct.dataclass
+class Stops:
+    """What ends a row, as data (`stops.tables` builds it from stop strings and ids)."""
+    ends_V: jnp.ndarray  # bool: the token ends its row alone (an end-of-sequence or stop id, or
+    # a text holding a stop string)
+    next_SxVxL: jnp.ndarray  # int8/16: stop string s's state after token v from state l: the
+    # length of the longest suffix of the row's text that is a proper prefix of s; -1 once the
+    # text holds s. Strings of 2+ characters only; L: the longest
+
+
+def no_stops(vocab: int) -> Stops:
+    return Stops(jnp.zeros((vocab,), bool), jnp.zeros((0, vocab, 0), jnp.int8))
 
 
 def _split(key, n: int):
@@ -72,10 +87,11 @@ def cache_dtype(target_params):
 
 
 def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_lengths_B,
-            max_new_B, key, prior_2xG=None) -> DecodeState:
+            max_new_B, key, prior_2xG=None, num_stops: int = 0) -> DecodeState:
     """Fill both caches with each row's prompt (`fill_cache`: fixed-size chunks, so the prompt
     length never changes compiled shapes); `prior_2xG`: for gamma="auto", each row's starting
-    acceptance counts (accepted, tried) of the G draft positions it tracks."""
+    acceptance counts (accepted, tried) of the G draft positions it tracks; `num_stops`: the
+    stop automata each row runs (`Stops`), all starting at 0 (no text yet)."""
     B, T = tokens_BxT.shape
     filled = fill_cache(target_params, config, tokens_BxT, prompt_lengths_B,
                         init_cache(config, B, T, cache_dtype(target_params)),
@@ -90,7 +106,7 @@ def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_leng
         max_new_B=max_new_B, done_B=max_new_B <= 0, target_cache=cache, drafter_state=dstate,
         key=key, steps_B=jnp.zeros((B,), jnp.int32), gained_BxN=jnp.zeros((B, T), jnp.int32),
         gamma_BxN=jnp.zeros((B, T), jnp.int32), accepted_BxG=counts(0), tried_BxG=counts(1),
-        features_BxTxD=feats_BxTxD), B)
+        features_BxTxD=feats_BxTxD, stop_BxS=jnp.zeros((B, num_stops), jnp.int32)), B)
 
 
 def verify(target_params, config, state: DecodeState, draft_BxN,
@@ -208,23 +224,37 @@ def _normalize(r_BxV, fallback_BxV):
     return jnp.where(mass_Bx1 > 0, r_BxV / jnp.maximum(mass_Bx1, 1e-30), fallback_BxV)
 
 
-def advance(state: DecodeState, n_B, emitted_BxG1, stop_ids, target_cache, drafter_state,
+def _first_stop(stops: Stops, stop_BxS, emitted_BxG1, gained_B):
+    """Run each row's stop automata over its gained tokens in order: (the index of the first
+    token that ends the row, G1 if none; the automata's states after the tokens up to it)."""
+    B, G1 = emitted_BxG1.shape
+    s_S = jnp.arange(stops.next_SxVxL.shape[0])
+    first_B = jnp.full((B,), G1)
+    for i in range(G1):
+        x_B = emitted_BxG1[:, i]
+        live_B = (i < gained_B) & (first_B == G1)
+        next_BxS = stops.next_SxVxL[s_S, x_B[:, None], stop_BxS].astype(jnp.int32)
+        ends_B = stops.ends_V[x_B] | jnp.any(next_BxS < 0, axis=1)
+        first_B = jnp.where(live_B & ends_B, i, first_B)
+        stop_BxS = jnp.where(live_B[:, None], next_BxS, stop_BxS)
+    return first_B, stop_BxS
+
+
+def advance(state: DecodeState, n_B, emitted_BxG1, stops: Stops, target_cache, drafter_state,
             key, feats_BxG1xD, span: int | None = None) -> DecodeState:
-    """Append each row's gain (cut at a stop token and at its budget) and the hidden states of
-    the positions it verified (the last token and the accepted drafts); retire finished rows."""
+    """Append each row's gain (cut at the first token that ends it, `Stops`, and at its budget)
+    and the hidden states of the positions it verified (the last token and the accepted drafts);
+    retire finished rows."""
     B, G1 = emitted_BxG1.shape
     T = state.tokens_BxT.shape[1]
     i_G1 = jnp.arange(G1)
-    gained_B = n_B + 1
-    if stop_ids:
-        stop_BxG1 = jnp.isin(emitted_BxG1, jnp.asarray(stop_ids)) & (i_G1 < gained_B[:, None])
-        hit_B = jnp.any(stop_BxG1, axis=1)
-        gained_B = jnp.where(hit_B, jnp.argmax(stop_BxG1, axis=1) + 1, gained_B)
-    else:
-        hit_B = jnp.zeros((B,), bool)
+    gained_B = jnp.where(state.done_B, 0, n_B + 1)
+    first_B, stop_BxS = _first_stop(stops, state.stop_BxS, emitted_BxG1, gained_B)
+    hit_B = first_B < G1
+    gained_B = jnp.where(hit_B, first_B + 1, gained_B)
     budget_B = state.max_new_B - state.new_tokens_B
     hit_B &= gained_B <= budget_B
-    gained_B = jnp.where(state.done_B, 0, jnp.minimum(gained_B, budget_B))
+    gained_B = jnp.minimum(gained_B, budget_B)
     rows_Bx1 = jnp.arange(B)[:, None]
     slots_BxG1 = jnp.where(i_G1 < gained_B[:, None], state.lengths_B[:, None] + i_G1, T)
     tokens_BxT = state.tokens_BxT.at[rows_Bx1, slots_BxG1].set(emitted_BxG1, mode="drop")
@@ -242,7 +272,7 @@ def advance(state: DecodeState, n_B, emitted_BxG1, stop_ids, target_cache, draft
     return state.replace(tokens_BxT=tokens_BxT, lengths_B=lengths_B, done_B=done_B,
                          target_cache=target_cache, drafter_state=drafter_state, key=key,
                          steps_B=state.steps_B + (~state.done_B), gained_BxN=gained_BxN,
-                         features_BxTxD=feats_BxTxD)
+                         features_BxTxD=feats_BxTxD, stop_BxS=stop_BxS)
 
 
 _MEMORY = 0.95  # weight of a row's past tries per step, for gamma="auto": the last ~20 tries
@@ -262,29 +292,34 @@ def track(state: DecodeState, gamma_B, n_B) -> DecodeState:
 
 
 def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState, *,
-                gamma: int, sampling: Sampling, stop_ids: tuple[int, ...],
-                costs: tuple[float, ...] | None = None, max_steps=None,
+                gamma: int, sampling: Sampling, stops: Stops | None = None,
+                costs_G1=None, max_steps=None,
                 min_done=None, tree: Tree | DynamicTree | None = None) -> DecodeState:
-    """Run until every row is done. Without `costs` every row drafts `gamma` tokens a step, or
-    the nodes of `tree` (then gamma is unused; a chain of gamma is the same tree); with them
-    (the step cost of each draft length 0..gamma, relative to a plain step), each row picks its
-    own length every step (`plan.choose_gamma`; 0 where the drafter has no draft, `has_draft`);
-    the step runs the shortest compiled length (`plan.branch_lengths`) covering the longest
-    pick, and every row that picked a draft drafts that length.
+    """Run until every row is done. Without `costs_G1` every row drafts `gamma` tokens a step,
+    or the nodes of `tree` (then gamma is unused; a chain of gamma is the same tree); with them
+    (an array: the step cost of each draft length 0..gamma, relative to a plain step; data, so
+    drafters of one shape share a compiled loop), each row picks its own length every step
+    (`plan.choose_gamma`; 0 where the drafter has no draft, `has_draft`); the step runs the
+    longest pick, and every row that picked a draft drafts that length.
 
     `max_steps` and `min_done` (ints or traced scalars; None: no bound) also end the loop after
     that many steps, or once at least that many rows are done: a continuous-batching caller then
-    takes the finished rows out and refills their slots (see `resume`)."""
+    takes the finished rows out and refills their slots (see `resume`). `stops` (None: none)
+    end rows at stop tokens and strings; the state holds a state per row of each automaton."""
     vocab = config.vocab_size
     B = state.tokens_BxT.shape[0]
+    stops = no_stops(vocab) if stops is None else stops
+    if state.stop_BxS.shape[1] != stops.next_SxVxL.shape[0]:
+        raise ValueError(f"{stops.next_SxVxL.shape[0]} stop automata, but the state has "
+                         f"{state.stop_BxS.shape[1]} (prefill's `num_stops`)")
     if state.key.ndim and drafter is not None:
         raise ValueError("per-row keys are for plain decoding (no drafter)")
-    if tree is not None and costs is not None:
+    if tree is not None and costs_G1 is not None:
         raise ValueError("a tree has a fixed shape: no per-row draft lengths (costs)")
-    if costs is not None and state.accepted_BxG.shape[1] != len(costs) - 1:
-        raise ValueError(f"{len(costs)} step costs need acceptance counts for {len(costs) - 1} "
-                         f"draft positions; the state has {state.accepted_BxG.shape[1]} "
-                         "(prefill's `prior_2xG`)")
+    if costs_G1 is not None and state.accepted_BxG.shape[1] != len(costs_G1) - 1:
+        raise ValueError(f"{len(costs_G1)} step costs need acceptance counts for "
+                         f"{len(costs_G1) - 1} draft positions; the state has "
+                         f"{state.accepted_BxG.shape[1]} (prefill's `prior_2xG`)")
     top = chain(gamma) if tree is None else tree
 
     def step(t: Tree, state, gamma_B, k_draft, k_accept):
@@ -318,29 +353,27 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
 
     def body(state: DecodeState) -> DecodeState:
         key, k_draft, k_accept = _split(state.key, 3)
-        if costs is None:
+        if costs_G1 is None:
             gamma_B = jnp.full((B,), top.size, jnp.int32)
             out = step(top, state, gamma_B, k_draft, k_accept)
         else:
             want_B = jnp.where(state.done_B, 0,
-                               choose_gamma(state.accepted_BxG, state.tried_BxG, costs))
+                               choose_gamma(state.accepted_BxG, state.tried_BxG, costs_G1))
             if hasattr(drafter.spec, "has_draft"):
                 want_B = jnp.where(drafter.spec.has_draft(drafter.params, state.drafter_state,
                                                           state.tokens_BxT, state.lengths_B),
                                    want_B, 0)
-            lengths = branch_lengths(costs)
-            branch = jnp.searchsorted(jnp.asarray(lengths), jnp.max(want_B))
+            branch = jnp.max(want_B)
             # Every row that drafts takes the step's length: its verification is paid for
             # already, and a longer draft never gains fewer tokens. A row that picked 0 stays
             # plain: forced misses would only hold it off longer.
-            gamma_B = jnp.where(want_B > 0, jnp.asarray(lengths)[branch], 0)
-            branches = [functools.partial(step, chain(g)) for g in lengths]
-            out = (branches[0](state, gamma_B, k_draft, k_accept) if len(branches) == 1 else
-                   jax.lax.switch(branch, branches, state, gamma_B, k_draft, k_accept))
+            gamma_B = jnp.where(want_B > 0, branch, 0)
+            branches = [functools.partial(step, chain(g)) for g in range(top.size + 1)]
+            out = jax.lax.switch(branch, branches, state, gamma_B, k_draft, k_accept)
         n_B, emitted_BxD1, path_BxD1, feats_BxD1xD, cache, dstate = out
         cache = compact(cache, state.lengths_B - 1, path_BxD1, n_B)
         state = track(state, gamma_B, n_B)
-        return constrain(advance(state, n_B, emitted_BxD1, stop_ids, cache, dstate, key,
+        return constrain(advance(state, n_B, emitted_BxD1, stops, cache, dstate, key,
                                  feats_BxD1xD, top.size + 1), B)
 
     def cond(carry):
@@ -358,25 +391,28 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
 
 
 def run(target_params, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key, prior_2xG=None,
-        *, config: ModelConfig, gamma: int, sampling: Sampling, stop_ids: tuple[int, ...],
-        costs: tuple[float, ...] | None = None,
-        tree: Tree | DynamicTree | None = None) -> DecodeState:
-    """Prefill and decode; jit this with everything after `*` static. With `costs` (gamma
-    "auto"), `prior_2xG` gives each row's starting acceptance counts (default none)."""
-    if costs is not None and prior_2xG is None:
-        prior_2xG = jnp.zeros((2, len(costs) - 1))
+        stops: Stops | None = None, costs_G1=None, *, config: ModelConfig, gamma: int,
+        sampling: Sampling, tree: Tree | DynamicTree | None = None) -> DecodeState:
+    """Prefill and decode; jit this with everything after `*` static. With `costs_G1` (gamma
+    "auto"), `prior_2xG` gives each row's starting acceptance counts (default none); `stops`
+    ends rows (default: nothing but the budget)."""
+    if costs_G1 is not None and prior_2xG is None:
+        prior_2xG = jnp.zeros((2, len(costs_G1) - 1))
+    num_stops = 0 if stops is None else stops.next_SxVxL.shape[0]
     state = prefill(target_params, config, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key,
-                    prior_2xG)
+                    prior_2xG, num_stops)
     return decode_loop(target_params, config, drafter, state, gamma=gamma, sampling=sampling,
-                       stop_ids=stop_ids, costs=costs, tree=tree)
+                       stops=stops, costs_G1=costs_G1, tree=tree)
 
 
 # Continuous batching: a fixed batch of slots, refilled with new rows as rows finish.
 
 
-def idle_state(config: ModelConfig, batch: int, max_len: int, cache_dtype) -> DecodeState:
+def idle_state(config: ModelConfig, batch: int, max_len: int, cache_dtype,
+               num_stops: int = 0) -> DecodeState:
     """`batch` empty slots of `max_len` tokens for `refill` to fill: every row done (length 1,
-    budget 0), one key per row, no drafter; `cache_dtype` from `cache_dtype(params)`."""
+    budget 0), one key per row, no drafter; `cache_dtype` from `cache_dtype(params)`;
+    `num_stops`: the stop automata (`Stops`) rows run."""
     ones_B = lambda: jnp.ones((batch,), jnp.int32)  # a buffer per field: the state is donated
     return DecodeState(
         tokens_BxT=jnp.full((batch, max_len), config.pad_token_id, jnp.int32), lengths_B=ones_B(),
@@ -388,7 +424,8 @@ def idle_state(config: ModelConfig, batch: int, max_len: int, cache_dtype) -> De
         gamma_BxN=jnp.zeros((batch, max_len), jnp.int32),
         accepted_BxG=jnp.zeros((batch, 0), jnp.float32),
         tried_BxG=jnp.zeros((batch, 0), jnp.float32),
-        features_BxTxD=jnp.zeros((batch, max_len, 0)))
+        features_BxTxD=jnp.zeros((batch, max_len, 0)),
+        stop_BxS=jnp.zeros((batch, num_stops), jnp.int32))
 
 
 def refill(target_params, state: DecodeState, tokens_RxT, prompt_lengths_R, max_new_R, seeds_R,
@@ -398,16 +435,17 @@ def refill(target_params, state: DecodeState, tokens_RxT, prompt_lengths_R, max_
     (padding, for a group of fewer than R). Only the R rows are prefilled, so R stays small and
     fixed: one compiled function whatever the number of free slots. Jit with `config` static."""
     keys_R = jax.vmap(jax.random.key)(seeds_R)
-    new = prefill(target_params, config, None, tokens_RxT, prompt_lengths_R, max_new_R, keys_R)
+    new = prefill(target_params, config, None, tokens_RxT, prompt_lengths_R, max_new_R, keys_R,
+                  num_stops=state.stop_BxS.shape[1])
     return constrain(jax.tree.map(lambda big, small: big.at[slots_R].set(small, mode="drop"),
                                   state, new), state.tokens_BxT.shape[0])
 
 
-def resume(target_params, drafter, state: DecodeState, max_steps, min_done, *,
-           config: ModelConfig, gamma: int, sampling: Sampling, stop_ids: tuple[int, ...],
-           costs: tuple[float, ...] | None = None) -> DecodeState:
+def resume(target_params, drafter, state: DecodeState, max_steps, min_done,
+           stops: Stops | None = None, *, config: ModelConfig, gamma: int,
+           sampling: Sampling) -> DecodeState:
     """`decode_loop` from `state` for at most `max_steps` steps, ending early once `min_done`
     rows are done; jit with everything after `*` static."""
     return decode_loop(target_params, config, drafter, state, gamma=gamma, sampling=sampling,
-                       stop_ids=stop_ids, costs=costs, max_steps=max_steps, min_done=min_done)
+                       stops=stops, max_steps=max_steps, min_done=min_done)
 

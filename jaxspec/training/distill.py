@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from jaxspec.decoding import stops
 from jaxspec.decoding.runner import cache_len, decode_text, encode_prompts, stream_generate
 from jaxspec.errors import UserError
 from jaxspec.files import read_jsonl, write_atomic
@@ -160,6 +161,7 @@ def _stream_shards(target, prompt_ids, out_dir: Path, t_idx: int, blocks: list[i
     order = [(b, i) for b in blocks for i in _block_range(b, block_size, len(prompt_ids))]
     seeds = [prompt_seed(block_seed(seed, t_idx, b), i) for b, i in order]
     open_shards = {b: {} for b in blocks}  # block -> {prompt index: record line}
+    stop_strings = stops.strings(target, stop)  # the text ends before one, as generate's
     stream = stream_generate(target, [prompt_ids[i] for _, i in order], seeds,
                              batch_size=batch_size, max_new_tokens=max_new_tokens,
                              temperature=temperature, top_k=top_k, top_p=top_p, stop=stop,
@@ -167,7 +169,7 @@ def _stream_shards(target, prompt_ids, out_dir: Path, t_idx: int, blocks: list[i
     for k, resp_ids in stream:
         block, i = order[k]
         lines = open_shards[block]
-        lines[i] = record(i, resp_ids, decode_text(target, resp_ids), temperature)
+        lines[i] = record(i, resp_ids, decode_text(target, resp_ids, stop_strings), temperature)
         progress.add(1, len(resp_ids))
         if len(lines) == len(_block_range(block, block_size, len(prompt_ids))):
             write_atomic(out_dir / shard_name(t_idx, block),

@@ -16,6 +16,7 @@ from jaxspec import loading
 from jaxspec.checkpoints import gguf, hf, store
 from jaxspec.checkpoints.gguf import GGUFError
 from jaxspec.config import ModelConfig
+from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache
 from jaxspec.models.params import init_params
 from jaxspec.models.transformer import forward
@@ -198,6 +199,23 @@ def test_not_a_model(tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"\0" * 16)
     with pytest.raises(ValueError, match="jaxspec loads .gguf files"):
         jaxspec.load(tmp_path / "weights.bin")
+
+
+def test_loading_a_drafter_as_a_model_names_load_drafter(tmp_path):
+    """A hidden-state drafter (shipped name or directory) is no model: the error names the call
+    that loads it, with its target."""
+    with pytest.raises(UserError, match=r"load_drafter\('gemma3-270m-deen-drafter', "
+                       r"target=jaxspec\.load\('gemma3-270m'\)\)"):
+        jaxspec.load("gemma3-270m-deen-drafter")
+    head = tmp_path / "head"
+    head.mkdir()
+    (head / "head.json").write_text(json.dumps({"format": 1, "target": "smollm2-135m-instruct"}))
+    with pytest.raises(UserError, match=r"hidden-state drafter.*load_drafter\(.*"
+                       r"target=jaxspec\.load\('smollm2-135m-instruct'\)\)"):
+        jaxspec.load(head)
+    (head / "head.json").write_text("{not json")
+    with pytest.raises(UserError, match="load_drafter"):
+        jaxspec.load(head)
 
 
 @pytest.mark.parametrize("kw, match", [

@@ -59,21 +59,32 @@ def test_cli_profile_prints_json(model, tmp_path, monkeypatch, capsys):
     assert r["dtype"] == "bfloat16" and r["drafter"] == "ngram:2" and r["c"] >= 0
 
 
-def test_step_costs_are_measured_in_the_loop_once(model, tmp_path, monkeypatch):
-    """A step drafting gamma tokens, timed in the decode loop against a plain step, and cached
-    with the drafter's profile: asking for a longer draft measures only the new lengths."""
+def test_step_costs_are_measured_in_the_loop_once(model, tmp_path, monkeypatch, capsys):
+    """Step costs of draft lengths 0..G, timed in the decode loop against a plain step and
+    cached per drafter and G: a second call reads them; a damaged cache file is measured again
+    with a one-line warning."""
     monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path))
-    monkeypatch.setattr(prof, "bandwidth_gbs", lambda: 10.0)
     drafter = jaxspec.layer_skip_drafter(model, [1])
-    costs = prof.step_costs(model, "tiny", drafter, "layerskip:1", 1)
-    assert len(costs) == 2 and costs[0] == 1.0 and costs[1] > 0
     measured = []
     real = prof.loop_ms
-    monkeypatch.setattr(prof, "loop_ms", lambda m, d, gs: measured.append(gs) or real(m, d, gs))
-    longer = prof.step_costs(model, "tiny", drafter, "layerskip:1", 2)
-    assert longer[:2] == costs and longer[2] >= longer[1] and measured == [[2]]
-    assert prof.step_costs(model, "tiny", drafter, "layerskip:1", 2) == longer
-    assert measured == [[2]]
-    r = prof.profile(model, "tiny", drafter, "layerskip:1")
-    assert sorted(r["loop_ms"]) == ["0", "1", "2"]
-    assert "decode-loop step by gamma: 0: " in prof.format_profile(r)
+    monkeypatch.setattr(prof, "loop_ms", lambda m, d, G: measured.append(G) or real(m, d, G))
+    costs = prof.step_costs(model, "tiny", drafter, "layerskip:1", 2)
+    assert len(costs) == 3 and costs[0] == 1.0 and costs[2] >= costs[1] > 0
+    assert prof.step_costs(model, "tiny", drafter, "layerskip:1", 2) == costs
+    assert measured == [2]
+    [path] = (tmp_path / "profile").glob("*/loop-*.json")
+    path.write_text(path.read_text()[:20])  # a truncated write
+    assert len(prof.step_costs(model, "tiny", drafter, "layerskip:1", 2)) == 3
+    assert measured == [2, 2] and "rebuilding it" in capsys.readouterr().err
+    r = {**prof.profile(model, "tiny", drafter, "layerskip:1"), "step_costs": costs}
+    assert "decode-loop step cost by gamma, in plain steps: 0: 1.000" in prof.format_profile(r)
+
+
+def test_a_damaged_profile_is_measured_again(model, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(prof, "bandwidth_gbs", lambda: 10.0)
+    first = prof.profile(model, "tiny")
+    [path] = (tmp_path / "profile").glob("*/profile-*.json")
+    path.write_text('{"model": "tiny"}')  # valid JSON without the measurements
+    again = prof.profile(model, "tiny")
+    assert again.keys() == first.keys() and "rebuilding it" in capsys.readouterr().err

@@ -333,7 +333,7 @@ def test_accepted_path_is_moved_into_place(target):
     assert n.tolist() == [2, 2] and path.tolist() == [[0, 2, 5]] * 2
     assert emitted.tolist() == ref
     cache = trees.compact(cache, lengths - 1, path, n)
-    state = speculative.advance(state, n, emitted, (), cache, (), state.key,
+    state = speculative.advance(state, n, emitted, speculative.no_stops(64), cache, (), state.key,
                                 jnp.zeros((2, 3, 0)), tree.size + 1)
     new = [t + r for t, r in zip(texts, ref)]
     assert state.lengths_B.tolist() == [len(t) for t in new]

@@ -14,7 +14,13 @@ def test_demo_translates_five_languages_identically_to_greedy(capsys, monkeypatc
     monkeypatch.setattr(demo, "run", lambda *a, **k: rows.extend(run(*a, **k)) or rows)
     greedy = recording("generate")
     spec = recording("speculative_generate")
+    from jaxspec.decoding import runner
+
+    before = runner._DECODER.compiles
     main(["demo", "max_new_tokens=12", "repeats=2"])
+    # One plain and one speculative executable serve every call, the five heads' included
+    # (their params and step costs are data), and gamma auto's step-cost profile runs on them.
+    assert runner._DECODER.compiles - before == 2
     out = capsys.readouterr().out
     assert [r["language"] for r in rows] == list(demo.SENTENCES)
     assert len(greedy) == len(spec) == 2 * len(rows)  # each sentence twice each way
