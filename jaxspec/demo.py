@@ -82,7 +82,8 @@ def run(target: str = "gemma3-270m", drafter: str | None = None, gamma: int | st
         drafted = spec.draft_lengths[0]
         row = {"language": lang, "detected": code, "drafter": desc, "source": sentence,
                "translation": spec.texts[0].strip(),
-               "tau": spec.tau, "mean_gamma": sum(drafted) / max(len(drafted), 1),
+               "tau": spec.tau, "draft_lengths": drafted,
+               "mean_gamma": sum(drafted) / max(len(drafted), 1),
                "tokens_per_s": spec.tokens_per_s,
                "baseline_tokens_per_s": base.tokens_per_s,
                "identical": spec.token_ids == base.token_ids}

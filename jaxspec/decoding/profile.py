@@ -90,14 +90,16 @@ def drafter_ms(drafter, config, gamma: int = 1, cache_len: int = 256,
     return ms / gamma
 
 
-def loop_ms(target, drafter, G: int, tokens: int = 16, rounds: int = 2) -> list[float]:
-    """Milliseconds per decode-loop step drafting g tokens, g = 1..G, greedy, batch 1, timed in
-    the very loop gamma="auto" with drafts of up to G then runs (one compiled function: the step
-    costs are its data), each length forced by costs that make every other length hopeless;
-    and of a plain decoding step (g = 0, `generate`): the slope of wall time against steps
-    between a one-token and a `tokens` output of one prompt. The calls take turns for `rounds`
-    rounds and each keeps its fastest time, so a burst of noise on the machine does not fall on
-    one length alone."""
+def loop_ms(target, drafter, G: int, tokens: int = 6, rounds: int = 2) -> list[float]:
+    """Milliseconds per decode-loop step drafting g tokens, g = 0..G, greedy, batch 1: a plain
+    step (g = 0, `generate`), and steps of the very loop gamma="auto" with drafts of up to G then
+    runs (one compiled function: the step costs are its data), each length forced by costs that
+    make every other length hopeless. A sample is the slope of wall time against steps between
+    a one-token and a `tokens` output of one prompt, taken back to back. On a small shared
+    machine the speed drifts by 10% over seconds, so each drafting sample is paired with a plain
+    one taken just before it, and the costs come from those ratios: the plain step is the median
+    of its samples, and a drafting step that times the least squares line a + b * g through each
+    length's median ratio (drafting costs a fixed part and a part per drafted token)."""
     prompt = [[2 + i % 11 for i in range(16)]]
 
     def call(g: int, n: int):
@@ -108,14 +110,20 @@ def loop_ms(target, drafter, G: int, tokens: int = 16, rounds: int = 2) -> list[
         return speculative_generate(target, drafter, prompt, gamma="auto", gamma_max=G,
                                     costs=forced_G1, max_new_tokens=n, remember=False)
 
-    calls = [(g, n) for g in range(G + 1) for n in (1, tokens)]
-    steps, best = {}, dict.fromkeys(calls, np.inf)
+    def sample(g: int) -> float:
+        short, long = call(g, 1), call(g, tokens)
+        steps = len(long.accept_lengths[0]) - len(short.accept_lengths[0])
+        return 1e3 * max(long.wall_time_s - short.wall_time_s, 1e-9) / max(steps, 1)
+
+    call(0, 1), call(1, 1)  # an executable's first run is slow: not a sample
+    plain, ratios = [], {g: [] for g in range(1, G + 1)}
     for _ in range(rounds):
-        for c in calls:
-            r = call(*c)  # greedy: the same steps every round
-            steps[c], best[c] = len(r.accept_lengths[0]), min(best[c], r.wall_time_s)
-    return [1e3 * max(best[g, tokens] - best[g, 1], 1e-9)
-            / max(steps[g, tokens] - steps[g, 1], 1) for g in range(G + 1)]
+        for g in ratios:
+            plain.append(sample(0))
+            ratios[g].append(sample(g) / plain[-1])
+    b, a = np.polyfit(list(ratios), [np.median(r) for r in ratios.values()], 1)
+    ms = float(np.median(plain))
+    return [ms] + [ms * float(a + max(b, 0.0) * g) for g in range(1, G + 1)]
 
 
 def machine_id() -> str:
