@@ -90,7 +90,7 @@ def drafter_ms(drafter, config, gamma: int = 1, cache_len: int = 256,
     return ms / gamma
 
 
-def loop_ms(target, drafter, G: int, tokens: int = 6, rounds: int = 2) -> list[float]:
+def loop_ms(target, drafter, G: int, tokens: int = 6, rounds: int = 3) -> list[float]:
     """Milliseconds per decode-loop step drafting g tokens, g = 0..G, greedy, batch 1: a plain
     step (g = 0, `generate`), and steps of the very loop gamma="auto" with drafts of up to G then
     runs (one compiled function: the step costs are its data), each length forced by costs that

@@ -5,7 +5,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-import os
 import time
 from typing import Sequence
 
