@@ -28,6 +28,11 @@ def entry(source: Path) -> Path:
     return cache_dir("converted", FORMAT) / f"{source.stem}-{key.hexdigest()[:12]}"
 
 
+def _file(folder: Path, name: str) -> Path:
+    """The .npy file of the param at path `name` ("layers/3/wq")."""
+    return folder / f"{name.replace('/', '.')}.npy"
+
+
 def _unflatten(flat: dict) -> dict:
     """Nested params from "a/b/0/c" keys; integer keys under "layers" become a list."""
     tree = unflatten_dict({tuple(k.split("/")): v for k, v in flat.items()})
@@ -45,7 +50,7 @@ def save(folder: Path, config: ModelConfig, params: dict, tokenizer) -> None:
     names = []
     for path, w in flatten_dict(tree).items():
         name = "/".join(map(str, path))
-        np.save(tmp / f"{name.replace('/', '.')}.npy", np.asarray(w, np.float32))
+        np.save(_file(tmp, name), np.asarray(w, np.float32))
         names.append(name)
     tokenizer.save_pretrained(str(tmp / "tokenizer"))
     (tmp / _META).write_text(json.dumps({"config": config.to_dict(), "params": names}))
@@ -64,8 +69,8 @@ def load(folder: Path, put=lambda w: w):
 
         meta = json.loads((folder / _META).read_text())
         config = ModelConfig.from_dict(meta["config"])
-        params = _unflatten({name: put(np.load(folder / f"{name.replace('/', '.')}.npy",
-                                               mmap_mode="r")) for name in meta["params"]})
+        params = _unflatten({name: put(np.load(_file(folder, name), mmap_mode="r"))
+                             for name in meta["params"]})
         check_params(params, config)
         tokenizer = PreTrainedTokenizerFast.from_pretrained(str(folder / "tokenizer"))
     except Exception as err:  # any damage: convert again
