@@ -4,12 +4,14 @@ previous scheme: each batch decodes until its longest row stops), to pick `disti
 
     python -m jaxspec.bench.distill_speed --model gemma3-270m --dtype bfloat16 \
         --batch-sizes 16 32 64 128 [--num-prompts 256] [--max-new-tokens 64] [--stop '\\n'] \
-        [--prompts runs/deen_gemma3_cpu/distill/prompts.json] [--modes refill fixed]
+        [--prompts runs/deen_gemma3_cpu/distill/prompts.json] [--modes refill fixed] [--profile]
 
 Prompts: `--prompts` (a recipe's cached prompts.json, a JSON list of strings, or a text file of
 one prompt a line), else German sentences in the one-shot translation template of
 configs/deen_gemma3_cpu.yaml; cycled to `--num-prompts`. Each setting first decodes one batch of
-prompts (compiling), then is timed over all prompts: compilation is excluded.
+prompts (compiling), then is timed over all prompts: compilation is excluded. `--profile` then
+decodes one more batch of prompts per batch size under `jax.profiler` and prints the XLA ops'
+time and the share of it spent in matrix products (`bench.op_profile`).
 """
 
 from __future__ import annotations
@@ -68,9 +70,12 @@ def _refill(model, ids, batch_size, *, cache_slots, **kw):
 
 
 def measure(model, prompts, batch_sizes, modes=("refill",), max_new_tokens: int = 64,
-            temperature: float = 0.0, stop="\n", chat: bool = False, out=sys.stdout) -> list[dict]:
-    """One row per (mode, batch size): prompts, tokens, seconds, prompts/s, tokens/s."""
-    from jaxspec.decoding.runner import cache_len, encode_prompts
+            temperature: float = 0.0, stop="\n", chat: bool = False, profile: bool = False,
+            out=sys.stdout) -> list[dict]:
+    """One row per (mode, batch size): prompts, tokens, seconds, prompts/s, tokens/s; with
+    `profile`, also `ops` (`op_profile.trace` of one more batch of prompts)."""
+    from jaxspec.bench import op_profile
+    from jaxspec.decoding.runner import _DECODER, cache_len, encode_prompts
 
     ids = encode_prompts(model, list(prompts), chat)
     slots = cache_len(np.array([len(p) for p in ids]), np.array([max_new_tokens]), 0,
@@ -94,6 +99,11 @@ def measure(model, prompts, batch_sizes, modes=("refill",), max_new_tokens: int 
             print(f"{mode:>6} {batch_size:>5} {len(ids):>7} {tokens:>7} {secs:>8.1f} "
                   f"{row['prompts_per_s']:>9.2f} {row['tokens_per_s']:>9.1f}", file=out,
                   flush=True)
+            if profile:
+                row["ops"] = op_profile.trace(
+                    lambda: list(run(model, ids[:batch_size], batch_size, **kw, **extra)),
+                    _DECODER.hlo_texts)
+                print(op_profile.format_trace(row["ops"]), file=out, flush=True)
     return rows
 
 
@@ -110,6 +120,8 @@ def main(argv=None):
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--stop", default="\n", help="a stop string ('' for none)")
     ap.add_argument("--chat", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="also the share of matrix products in the XLA ops' time")
     ap.add_argument("--json", help="also write the rows to this JSON file")
     args = ap.parse_args(argv)
 
@@ -118,7 +130,7 @@ def main(argv=None):
     model = load(args.model, dtype=args.dtype)
     stop = args.stop.replace("\\n", "\n").replace("\\t", "\t") or None  # as typed in a shell
     rows = measure(model, load_prompts(args.prompts, args.num_prompts), args.batch_sizes,
-                   args.modes, args.max_new_tokens, args.temperature, stop, args.chat)
+                   args.modes, args.max_new_tokens, args.temperature, stop, args.chat, args.profile)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

@@ -194,6 +194,10 @@ class Decoder:
         self.compiles = 0
         self.acceptance = AcceptanceMemory()  # gamma="auto"'s per-drafter history
 
+    def hlo_texts(self) -> list[str]:
+        """The optimised HLO of the compiled functions held (for `bench.op_profile`)."""
+        return [ex.as_text() for ex in self._compiled.values()]
+
     def clear(self) -> None:
         """Free the compiled functions (each holds memory and a few memory mappings)."""
         self._compiled.clear()
@@ -299,8 +303,9 @@ class Decoder:
         finish, in finishing order. `batch_size` slots decode together; whenever
         `refill_size` rows (default batch_size // 8) are done, or after `max_steps` steps, the
         finished rows are taken out and their slots refilled with the next prompts, prefilled
-        `refill_size` at a time. Every call has fixed shapes: two compiled functions serve the
-        whole stream. Prompt i samples with its own key, `jax.random.key(seeds[i])` (seeds are
+        `refill_size` at a time; the tokens all prompts begin with (a shared template) are
+        computed once and each refilled row starts from their keys and values. Every call has
+        fixed shapes: three compiled functions serve the whole stream. Prompt i samples with its own key, `jax.random.key(seeds[i])` (seeds are
         uint32; default 0), so its output depends neither on its slot nor on its neighbours.
         `cache_slots`: the cache length (default: the power-of-two bucket the prompts need).
         `self.stream_stats` counts the prefill and decode calls of the last stream."""
@@ -336,6 +341,11 @@ class Decoder:
         if target.mesh is not None:
             state = jax.device_put(state, sharding.state_shardings(state, B, target.mesh,
                                                                    target.rules))
+        shared = _shared_prefix(ids)
+        prefix_args = (target.params, _replicated(target, _pad_row(ids[0][:shared], T, pad)),
+                       _replicated(target, np.int32(shared)))
+        shared_cache = self._executable(dict(config=config), prefix_args,
+                                        speculative.shared_prefix, model=target)(*prefix_args)
         refill_fn = decode_fn = None
         while True:
             free = np.flatnonzero(slot_prompt < 0)
@@ -352,7 +362,8 @@ class Decoder:
                     slot_prompt[free[r]] = i
                 free = free[take:]
                 args = (target.params, state, *map(jnp.asarray, (tokens, lens, budgets,
-                                                                 row_seeds, slots)))
+                                                                 row_seeds, slots)),
+                        shared_cache, prefix_args[2])
                 refill_fn = refill_fn or self._executable(dict(config=config), args,
                                                           speculative.refill, donate=(1,),
                                                           model=target)
@@ -373,6 +384,21 @@ class Decoder:
                 i, slot_prompt[s] = int(slot_prompt[s]), -1
                 new = tokens[s, prompt_B[s]:lengths_B[s]].tolist()
                 yield i, stops.cut(target.tokenizer, new, stop_strings)[0] if stop_strings else new
+
+
+def _shared_prefix(ids) -> int:
+    """The number of leading tokens every prompt shares, leaving each at least one of its own."""
+    n = min(len(row) for row in ids) - 1
+    for row in ids[1:]:
+        n = next((i for i, (a, b) in enumerate(zip(ids[0][:n], row[:n])) if a != b), n)
+    return max(n, 0)
+
+
+def _pad_row(row, T: int, pad: int):
+    """One prompt as a [1, T] int32 array, padded with `pad`."""
+    out = np.full((1, T), pad, np.int32)
+    out[0, :len(row)] = row
+    return out
 
 
 def _rows(model, *host_arrays):

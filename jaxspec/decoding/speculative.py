@@ -87,15 +87,21 @@ def cache_dtype(target_params):
 
 
 def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_lengths_B,
-            max_new_B, key, prior_2xG=None, num_stops: int = 0) -> DecodeState:
+            max_new_B, key, prior_2xG=None, num_stops: int = 0,
+            shared: tuple[KVCache, jax.Array] | None = None) -> DecodeState:
     """Fill both caches with each row's prompt (`fill_cache`: fixed-size chunks, so the prompt
     length never changes compiled shapes); `prior_2xG`: for gamma="auto", each row's starting
     acceptance counts (accepted, tried) of the G draft positions it tracks; `num_stops`: the
-    stop automata each row runs (`Stops`), all starting at 0 (no text yet)."""
+    stop automata each row runs (`Stops`), all starting at 0 (no text yet). `shared`: (the
+    one-row cache of a prefix every prompt starts with, its length; `shared_prefix`): each row
+    starts from it and computes only the rest (no drafter)."""
     B, T = tokens_BxT.shape
-    filled = fill_cache(target_params, config, tokens_BxT, prompt_lengths_B,
-                        init_cache(config, B, T, cache_dtype(target_params)),
-                        features=reads_features(drafter))
+    cache, first = init_cache(config, B, T, cache_dtype(target_params)), 0
+    if shared is not None:
+        cache = jax.tree.map(lambda a: jnp.broadcast_to(a, (B, *a.shape[1:])), shared[0])
+        first = shared[1]
+    filled = fill_cache(target_params, config, tokens_BxT, prompt_lengths_B, cache,
+                        features=reads_features(drafter), first=first)
     cache, feats_BxTxD = filled if reads_features(drafter) else (filled, jnp.zeros((B, T, 0)))
     dstate = (drafter.spec.init(drafter.params, tokens_BxT, prompt_lengths_B, feats_BxTxD)
               if drafter is not None else ())
@@ -428,15 +434,26 @@ def idle_state(config: ModelConfig, batch: int, max_len: int, cache_dtype,
         stop_BxS=jnp.zeros((batch, num_stops), jnp.int32))
 
 
+def shared_prefix(target_params, tokens_1xT, length, *, config: ModelConfig):
+    """The one-row cache of the first `length` tokens of `tokens_1xT` (a prefix all of a
+    stream's prompts share: `refill` starts each row from it). Jit with `config` static."""
+    T = tokens_1xT.shape[1]
+    return fill_cache(target_params, config, tokens_1xT, length[None],
+                      init_cache(config, 1, T, cache_dtype(target_params)))
+
+
 def refill(target_params, state: DecodeState, tokens_RxT, prompt_lengths_R, max_new_R, seeds_R,
-           slots_R, *, config: ModelConfig) -> DecodeState:
+           slots_R, shared_cache: KVCache, shared_len, *, config: ModelConfig) -> DecodeState:
     """Prefill R new rows (row r keyed by `jax.random.key(seeds_R[r])`) and put them into
     `state`'s rows `slots_R`, replacing what those held; a slot >= the batch size drops its row
     (padding, for a group of fewer than R). Only the R rows are prefilled, so R stays small and
-    fixed: one compiled function whatever the number of free slots. Jit with `config` static."""
+    fixed: one compiled function whatever the number of free slots. Every prompt starts with
+    the `shared_len` tokens whose keys and values `shared_cache` holds (`shared_prefix`; 0 and
+    any one-row cache for none): only the rest is computed, in the chunks `generate`'s prefill
+    uses (so a row's keys and values round as they do there). Jit with `config` static."""
     keys_R = jax.vmap(jax.random.key)(seeds_R)
     new = prefill(target_params, config, None, tokens_RxT, prompt_lengths_R, max_new_R, keys_R,
-                  num_stops=state.stop_BxS.shape[1])
+                  num_stops=state.stop_BxS.shape[1], shared=(shared_cache, shared_len))
     return constrain(jax.tree.map(lambda big, small: big.at[slots_R].set(small, mode="drop"),
                                   state, new), state.tokens_BxT.shape[0])
 

@@ -10,6 +10,7 @@ separate arrays, not one stacked array, so each layer's write updates its own bu
 from __future__ import annotations
 
 import flax.struct
+import jax
 import jax.numpy as jnp
 
 from jaxspec.config import ModelConfig
@@ -33,8 +34,32 @@ class KVCache:
 
 def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32,
                num_layers: int | None = None) -> KVCache:
-    """Zeros: per layer [batch, max_len, kv_heads, head_dim]."""
+    """Zeros: per layer [batch, max_len, kv_heads, head_dim], in `storage_dtype(dtype)`."""
     shape = (batch, max_len, config.num_kv_heads, config.head_dim)
     n = num_layers or config.num_layers
+    dtype = storage_dtype(dtype)
     return KVCache(tuple(jnp.zeros(shape, dtype) for _ in range(n)),
                    tuple(jnp.zeros(shape, dtype) for _ in range(n)))
+
+
+def storage_dtype(dtype):
+    """How keys and values of `dtype` are stored: bfloat16 as its 16-bit patterns (uint16) on CPU,
+    where XLA scatters a bfloat16 array by converting all of it to float32 and back (per layer
+    and step, most of a batched decode step); as themselves elsewhere."""
+    if jnp.dtype(dtype) == jnp.bfloat16 and jax.default_backend() == "cpu":
+        return jnp.uint16
+    return jnp.dtype(dtype)
+
+
+def stored(x, cache_dtype):
+    """`x` as the cache of dtype `cache_dtype` stores it."""
+    if cache_dtype == jnp.uint16:
+        return jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
+    return x.astype(cache_dtype)
+
+
+def values(cache_array):
+    """A layer's stored keys or values as numbers (bfloat16 patterns read back as bfloat16)."""
+    if cache_array.dtype == jnp.uint16:
+        return jax.lax.bitcast_convert_type(cache_array, jnp.bfloat16)
+    return cache_array

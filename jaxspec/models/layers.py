@@ -11,6 +11,7 @@ import numpy as np
 
 from jaxspec.config import RopeScaling
 from jaxspec.errors import UserError
+from jaxspec.models.cache import stored, values
 
 MIN_ROWS = 3  # bfloat16 products on CPU run at least this many rows (see `linear`)
 # XLA:CPU's product of a query's heads with the keys rounds differently for different query
@@ -129,7 +130,7 @@ def write_cache(cache_BxTxKxH, new_BxSxKxH, positions_BxS):
     """Write each token's key/value at its position's slot; positions past the cache are dropped."""
     rows_Bx1 = jnp.arange(cache_BxTxKxH.shape[0])[:, None]
     return cache_BxTxKxH.at[rows_Bx1, positions_BxS].set(
-        new_BxSxKxH.astype(cache_BxTxKxH.dtype), mode="drop")
+        stored(new_BxSxKxH, cache_BxTxKxH.dtype), mode="drop")
 
 
 def tree_view(T: int, base_B, depth_M, visible_SxM):
@@ -162,6 +163,7 @@ def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, wind
     """
     B, S, N, H = q_BxSxNxH.shape
     K = k_BxTxKxH.shape[2]
+    k_BxTxKxH, v_BxTxKxH = values(k_BxTxKxH), values(v_BxTxKxH)
     q = q_BxSxNxH.reshape(B, S, K, N // K, H)
     if jax.default_backend() == "cpu" and S <= PER_QUERY_SCORES:
         scores = jnp.stack([jnp.einsum("BKGH,BTKH->BKGT", q[:, s], k_BxTxKxH,

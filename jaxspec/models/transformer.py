@@ -99,19 +99,21 @@ def head(params, config: ModelConfig, x_BxSxD, rows=None):
 
 
 def fill_cache(params, config: ModelConfig, tokens_BxT, n_B, cache: KVCache,
-               layers: tuple[int, ...] | None = None, chunk: int = 64, features: bool = False):
-    """Write the keys/values of each row's first `n_B` tokens, `chunk` positions per forward in a
-    loop whose trip count is data, so one compiled function serves every prompt length. Slots past
-    a row's `n_B` get padding, which later writes replace before any query reads them. With
-    `features`, returns (cache, features [B, T, hidden]) (see `forward`)."""
+               layers: tuple[int, ...] | None = None, chunk: int = 64, features: bool = False,
+               first=0):
+    """Write the keys/values of each row's tokens `first` .. `n_B` - 1 (the slots before `first`
+    already hold theirs), `chunk` positions per forward in a loop whose trip count is data, so
+    one compiled function serves every prompt length. Slots past a row's `n_B` get padding, which
+    later writes replace before any query reads them. With `features`, returns (cache, features
+    [B, T, hidden]) (see `forward`; positions before `first` get zeros)."""
     B, T = tokens_BxT.shape
     chunk = min(chunk, cache.max_len)
-    tokens_BxT = jnp.pad(tokens_BxT, ((0, 0), (0, -T % chunk)))  # slices never clamp
+    tokens_BxT = jnp.pad(tokens_BxT, ((0, 0), (0, chunk)))  # slices never clamp
     feats_BxTxD = jnp.zeros((B, tokens_BxT.shape[1], config.hidden_size if features else 0))
 
     def body(i, carry):
         cache, feats_BxTxD = carry
-        start = i * chunk
+        start = first + i * chunk
         tokens_BxC = jax.lax.dynamic_slice_in_dim(tokens_BxT, start, chunk, axis=1)
         positions_BxC = jnp.broadcast_to(start + jnp.arange(chunk), (B, chunk))
         _, cache, x_BxCxD = forward(params, config, tokens_BxC, positions_BxC, cache, layers,
@@ -120,6 +122,6 @@ def fill_cache(params, config: ModelConfig, tokens_BxT, n_B, cache: KVCache,
             feats_BxTxD = jax.lax.dynamic_update_slice_in_dim(feats_BxTxD, x_BxCxD, start, 1)
         return cache, feats_BxTxD
 
-    cache, feats_BxTxD = jax.lax.fori_loop(0, (jnp.max(n_B) + chunk - 1) // chunk, body,
+    cache, feats_BxTxD = jax.lax.fori_loop(0, (jnp.max(n_B) - first + chunk - 1) // chunk, body,
                                            (cache, feats_BxTxD))
     return (cache, feats_BxTxD[:, :T]) if features else cache

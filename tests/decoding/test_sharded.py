@@ -47,7 +47,7 @@ def meshes(tmp_path_factory):
 def test_every_mesh_decodes_the_tokens_of_one_device(meshes):
     ref = meshes["ref"]
     assert len(meshes["mesh"]) == 8
-    assert sum(len(runs) for runs in meshes["mesh"].values()) == 3 * 4 + 1 + 3 + 2 * 4 + 1
+    assert sum(len(runs) for runs in meshes["mesh"].values()) == 4 + 2 * 2 + 1 + 3 + 4 + 2 + 1
     for mesh, runs in meshes["mesh"].items():
         assert runs, mesh
         for case, tokens in runs.items():

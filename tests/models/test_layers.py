@@ -10,7 +10,7 @@ import pytest
 
 from jaxspec.config import ModelConfig
 from jaxspec.models import layers as L
-from jaxspec.models.cache import init_cache
+from jaxspec.models.cache import init_cache, values
 from jaxspec.models.params import init_params
 from jaxspec.models.transformer import fill_cache, forward
 
@@ -112,3 +112,21 @@ def test_bfloat16_embedding_rows_are_gathered_without_copying_the_table():
     copies = re.findall(rf"= (?!bf16)\w+\[{V},{D}\]\S* (?!parameter)[\w-]+\(.*", hlo)
     copies = [c for c in copies if "bitcast-convert(" not in c or " fusion(" in c]
     assert not copies, copies
+
+
+def test_bfloat16_cache_writes_touch_only_the_written_slots():
+    """A bfloat16 cache on CPU keeps its bit patterns (`storage_dtype`): a write stores each
+    value exactly, reads back as bfloat16, and compiles to no float32 copy of the cache."""
+    config = ModelConfig(arch="llama", vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
+                         num_kv_heads=1, head_dim=4, intermediate_size=8, max_position=32)
+    cache = init_cache(config, 3, 32, jnp.bfloat16)
+    assert cache.keys[0].dtype == jnp.uint16
+    new = jax.random.normal(jax.random.key(0), (3, 2, 1, 4))
+    pos = jnp.array([[0, 1], [5, 6], [30, 31]])
+    written = jax.jit(L.write_cache)(cache.keys[0], new, pos)
+    got = np.asarray(values(written).astype(jnp.float32))
+    want = np.zeros((3, 32, 1, 4), np.float32)
+    want[np.arange(3)[:, None], np.asarray(pos)] = np.asarray(new.astype(jnp.bfloat16), np.float32)
+    np.testing.assert_array_equal(got, want)
+    hlo = jax.jit(L.write_cache).lower(cache.keys[0], new, pos).compile().as_text()
+    assert "f32[3,32,1,4]" not in hlo

@@ -1,7 +1,9 @@
 """Continuous batching in `distill`: finished rows' slots take the next prompts. The records equal
-those of one prompt at a time, two compiled functions serve every refill, sampled records do not
+those of one prompt at a time (each starting from the keys and values of the prompts' shared
+template, computed once), three compiled functions serve every refill, sampled records do not
 depend on the batch size, and a killed run resumes to the same shards."""
 
+import io
 import types
 
 import numpy as np
@@ -39,11 +41,13 @@ def test_refilled_greedy_equals_one_prompt_at_a_time(tmp_path, worker, target, d
               stop=worker.STOP)
     distill.distill(target, worker.PROMPTS, tmp_path / "a", **kw)
     # 13 prompts through 4 slots, refilled one at a time (refill size 4 // 8 -> 1): one prefill
-    # per prompt, and decoding stopped for refills many times; still one compiled prefill and one
-    # compiled decode loop.
+    # per prompt, and decoding stopped for refills many times; still one compiled shared
+    # prefix, one compiled prefill and one compiled decode loop.
     stats = dict(decoder.stream_stats)
     assert stats["prefill_calls"] == len(worker.PROMPTS) and stats["decode_calls"] >= 5
-    assert decoder.compiles == 2
+    assert decoder.compiles == 3
+    ids = [target.tokenizer(p).input_ids for p in worker.PROMPTS]
+    assert runner._shared_prefix(ids) >= len("Translate German to English:")  # byte tokens
 
     records = distill.read_distilled(tmp_path / "a")
     assert [r["id"] for r in records] == list(range(len(worker.PROMPTS)))
@@ -111,3 +115,21 @@ def test_a_fixed_batch_distillation_is_not_resumed_with_other_samples(tmp_path, 
     (tmp_path / "greedy" / "t0-b000000.jsonl").unlink()
     worker.run(tmp_path / "greedy", temperatures=(0.0,), block_size=13)
     assert len(distill.read_distilled(tmp_path / "greedy")) == 13
+
+
+def test_distill_speed_reports_tokens_and_the_products_share(worker, target, decoder):
+    from jaxspec.bench import distill_speed
+
+    printed = io.StringIO()
+    (row,) = distill_speed.measure(target, worker.PROMPTS, [4], max_new_tokens=8, stop=None,
+                                   profile=True, out=printed)
+    assert 0 < row["tokens"] <= 8 * len(worker.PROMPTS) and row["tokens_per_s"] > 0
+    assert "matrix products" in printed.getvalue()
+    assert 0.0 < row["ops"]["product_share"] < 1.0
+
+
+def test_the_shared_prefix_leaves_every_prompt_a_token_of_its_own():
+    assert runner._shared_prefix([[1, 2, 3], [1, 2, 4, 5]]) == 2
+    assert runner._shared_prefix([[1, 2], [1, 2, 3]]) == 1
+    assert runner._shared_prefix([[5, 1], [6, 1]]) == 0
+    assert runner._shared_prefix([[7, 8, 9]]) == 2
