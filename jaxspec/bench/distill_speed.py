@@ -130,7 +130,8 @@ def main(argv=None):
     model = load(args.model, dtype=args.dtype)
     stop = args.stop.replace("\\n", "\n").replace("\\t", "\t") or None  # as typed in a shell
     rows = measure(model, load_prompts(args.prompts, args.num_prompts), args.batch_sizes,
-                   args.modes, args.max_new_tokens, args.temperature, stop, args.chat, args.profile)
+                   args.modes, args.max_new_tokens, args.temperature, stop, args.chat,
+                   args.profile)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

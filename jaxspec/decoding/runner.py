@@ -305,8 +305,9 @@ class Decoder:
         finished rows are taken out and their slots refilled with the next prompts, prefilled
         `refill_size` at a time; the tokens all prompts begin with (a shared template) are
         computed once and each refilled row starts from their keys and values. Every call has
-        fixed shapes: three compiled functions serve the whole stream. Prompt i samples with its own key, `jax.random.key(seeds[i])` (seeds are
-        uint32; default 0), so its output depends neither on its slot nor on its neighbours.
+        fixed shapes: three compiled functions serve the whole stream. Prompt i samples with its
+        own key, `jax.random.key(seeds[i])` (seeds are uint32; default 0), so its output depends
+        neither on its slot nor on its neighbours.
         `cache_slots`: the cache length (default: the power-of-two bucket the prompts need).
         `self.stream_stats` counts the prefill and decode calls of the last stream."""
         ids = encode_prompts(target, prompts, False)
@@ -342,8 +343,9 @@ class Decoder:
             state = jax.device_put(state, sharding.state_shardings(state, B, target.mesh,
                                                                    target.rules))
         shared = _shared_prefix(ids)
+        shared_len = _replicated(target, np.int32(shared))
         prefix_args = (target.params, _replicated(target, _pad_row(ids[0][:shared], T, pad)),
-                       _replicated(target, np.int32(shared)))
+                       shared_len)
         shared_cache = self._executable(dict(config=config), prefix_args,
                                         speculative.shared_prefix, model=target)(*prefix_args)
         refill_fn = decode_fn = None
@@ -363,7 +365,7 @@ class Decoder:
                 free = free[take:]
                 args = (target.params, state, *map(jnp.asarray, (tokens, lens, budgets,
                                                                  row_seeds, slots)),
-                        shared_cache, prefix_args[2])
+                        shared_cache, shared_len)
                 refill_fn = refill_fn or self._executable(dict(config=config), args,
                                                           speculative.refill, donate=(1,),
                                                           model=target)
