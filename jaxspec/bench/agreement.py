@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.bench.questions import read_questions
-from jaxspec.decoding import hidden
 from jaxspec.decoding.runner import encode_prompts, generate, speculative_generate
 from jaxspec.loading import load, parse_drafter
 from jaxspec.models.cache import init_cache
@@ -33,16 +32,7 @@ def first_drafts(target, drafter, tokens_1xL) -> np.ndarray:
     pos = jnp.arange(L)[None]
     _, _, f_1xLxD = forward(target.params, c, tokens_1xL, pos, init_cache(c, 1, L),
                             features=True)
-    S = L - 2
-    f_1xLxD = hidden._feature(params["shared"], c, f_1xLxD)
-    if spec.kind == "medusa":
-        h = spec.medusa_head(params, 0, f_1xLxD[:, :S])
-    elif spec.kind == "hydra":
-        h = spec.hydra_stage(params, 0, f_1xLxD[:, :S], tokens_1xL[:, 1:S + 1])
-    else:
-        h, _ = spec.eagle_layer(params, f_1xLxD[:, :S], tokens_1xL[:, 1:S + 1], pos[:, :S],
-                                init_cache(c, 1, S, num_layers=1))
-    logits = hidden._logits(params["shared"], h)
+    logits = spec.forced_logits(params, f_1xLxD, tokens_1xL, 1)[0]
     return np.asarray(params["vocab_ids"][jnp.argmax(logits, -1)])[0]
 
 

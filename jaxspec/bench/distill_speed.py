@@ -1,6 +1,9 @@
 """Distillation throughput against batch size: prompts/s and generated tokens/s of continuous
 batching (what `jaxspec distill` runs) and, with `--modes refill fixed`, of fixed batches (the
-previous scheme: each batch decodes until its longest row stops), to pick `distill.batch_size`.
+previous scheme: each batch decodes until its longest row stops), to pick `distill.batch_size`;
+`--modes labels`: training labels at prefill speed instead (`heads.target_features` with
+labels: the target's features and greedy next token at every prompt position, no generation),
+tokens labelled per second.
 
     python -m jaxspec.bench.distill_speed --model gemma3-270m --dtype bfloat16 \
         --batch-sizes 16 32 64 128 [--num-prompts 256] [--max-new-tokens 64] [--stop '\\n'] \
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -69,6 +73,18 @@ def _refill(model, ids, batch_size, *, cache_slots, **kw):
         yield tokens
 
 
+def _labels(model, ids, batch_size, **_):
+    from jaxspec.training import heads
+
+    lengths = np.array([len(p) for p in ids])
+    rows = np.full((len(ids), lengths.max()), model.config.pad_token_id, np.int32)
+    for row, p in zip(rows, ids):
+        row[:len(p)] = p
+    with tempfile.TemporaryDirectory() as d:
+        heads.target_features(model, rows, d, lengths, batch_size, labels=True)
+    yield from ids
+
+
 def measure(model, prompts, batch_sizes, modes=("refill",), max_new_tokens: int = 64,
             temperature: float = 0.0, stop="\n", chat: bool = False, profile: bool = False,
             out=sys.stdout) -> list[dict]:
@@ -86,7 +102,7 @@ def measure(model, prompts, batch_sizes, modes=("refill",), max_new_tokens: int 
     rows = []
     for mode in modes:
         for batch_size in batch_sizes:
-            run = (_refill if mode == "refill" else _fixed)
+            run = {"refill": _refill, "fixed": _fixed, "labels": _labels}[mode]
             extra = dict(cache_slots=slots) if mode == "refill" else {}
             for _ in run(model, ids[:batch_size], batch_size, **kw, **extra):  # compile
                 pass
@@ -99,7 +115,7 @@ def measure(model, prompts, batch_sizes, modes=("refill",), max_new_tokens: int 
             print(f"{mode:>6} {batch_size:>5} {len(ids):>7} {tokens:>7} {secs:>8.1f} "
                   f"{row['prompts_per_s']:>9.2f} {row['tokens_per_s']:>9.1f}", file=out,
                   flush=True)
-            if profile:
+            if profile and mode != "labels":
                 row["ops"] = op_profile.trace(
                     lambda: list(run(model, ids[:batch_size], batch_size, **kw, **extra)),
                     _DECODER.hlo_texts)
@@ -113,7 +129,7 @@ def main(argv=None):
     ap.add_argument("--model", required=True, help="a registered name or a path")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 32, 64])
-    ap.add_argument("--modes", nargs="+", default=["refill"], choices=("refill", "fixed"))
+    ap.add_argument("--modes", nargs="+", default=["refill"], choices=("refill", "fixed", "labels"))
     ap.add_argument("--num-prompts", type=int, default=256)
     ap.add_argument("--prompts", help="prompts.json of a recipe, a JSON list, or a text file")
     ap.add_argument("--max-new-tokens", type=int, default=64)

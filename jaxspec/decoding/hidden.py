@@ -55,7 +55,7 @@ def _feature(shared, config: ModelConfig, f_xD):
     return L.rms_norm(f_xD, shared["final_norm"], config.rms_eps)
 
 
-def _logits(shared, h_xD):
+def head_logits(shared, h_xD):
     """Logits over the head's K ids from a final-normed feature (or a head's prediction of one)."""
     lead = h_xD.shape[:-1]
     x_BxSxD = h_xD.reshape(-1, 1, h_xD.shape[-1])
@@ -156,7 +156,7 @@ class HiddenSpec:
         return cache, out_BxWxD[:, -1]
 
     def _pick(self, params, key, h_BxD, sampling):
-        idx_B, q_BxK = pick(key, _logits(params["shared"], h_BxD), sampling)
+        idx_B, q_BxK = pick(key, head_logits(params["shared"], h_BxD), sampling)
         return params["vocab_ids"][idx_B], q_BxK
 
     def propose(self, params, state, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size,
@@ -231,22 +231,22 @@ class HiddenSpec:
             """Distributions after the depth-d `nodes`; carry: the feed indices of the nodes
             expanded last, their states [B, P, D] (and EAGLE's cache)."""
             if self.kind == "medusa":
-                logits_BxK = _logits(shared, self.medusa_head(params, d, f_BxD))
+                logits_BxK = head_logits(shared, self.medusa_head(params, d, f_BxD))
                 return jnp.broadcast_to(logits_BxK[:, None],
                                         tok_BxP.shape + logits_BxK.shape[-1:]), carry
             prev, s_BxQxD = carry[0], carry[1]
             s_BxPxD = s_BxQxD[:, [list(prev).index(int(tree.parent_N[i])) for i in nodes]]
             if self.kind == "hydra":
                 h_BxPxD = self.hydra_stage(params, d, s_BxPxD, tok_BxP)
-                return _logits(shared, h_BxPxD), (nodes + 1, h_BxPxD)
+                return head_logits(shared, h_BxPxD), (nodes + 1, h_BxPxD)
             pos_BxP = jnp.broadcast_to((base_B + d)[:, None], tok_BxP.shape)
             h_BxPxD, cache = self.eagle_layer(params, s_BxPxD, tok_BxP, pos_BxP, carry[2],
                                               base_B[:, None] + 1 + nodes,
                                               tree.region(base_B, nodes))
-            return _logits(shared, h_BxPxD), (nodes + 1, h_BxPxD, cache)
+            return head_logits(shared, h_BxPxD), (nodes + 1, h_BxPxD, cache)
 
-        draft_BxN, q, carry = grow(tree, key, sampling, _logits(shared, root_BxD), expand, carry,
-                                   params["vocab_ids"])
+        draft_BxN, q, carry = grow(tree, key, sampling, head_logits(shared, root_BxD), expand,
+                                   carry, params["vocab_ids"])
         return draft_BxN, q, (carry[2] if self.kind == "eagle" else state)
 
     @property
@@ -275,7 +275,7 @@ class HiddenSpec:
         depth_M = np.array([0] + [d for d in range(1, D) for _ in range(K)], np.int32)
         h_BxMxD = jnp.zeros((B, M) + root_BxD.shape[1:], root_BxD.dtype).at[:, 0].set(root_BxD)
         seen_BxMxM = jnp.zeros((B, M, M), bool).at[:, 0, 0].set(True)  # root, ancestors, self
-        score_BxL, tok_BxL = jax.lax.top_k(jax.nn.log_softmax(_logits(shared, root_BxD)), K)
+        score_BxL, tok_BxL = jax.lax.top_k(jax.nn.log_softmax(head_logits(shared, root_BxD)), K)
         scores, toks = [score_BxL], [tok_BxL]
         slot_BxL, pool_BxL = jnp.zeros((B, K), jnp.int32), jnp.full((B, K), -1, jnp.int32)
         parents, start = [pool_BxL], 0  # pool index of each candidate's parent (-1: the root)
@@ -292,7 +292,7 @@ class HiddenSpec:
                 base_B[:, None] + slots_K, (base_B, depth_M, seen_BxKxM))
             h_BxMxD = h_BxMxD.at[:, slots_K].set(h_BxKxD)
             lp_BxKxK, kid_BxKxK = jax.lax.top_k(
-                jax.nn.log_softmax(_logits(shared, h_BxKxD)), K)
+                jax.nn.log_softmax(head_logits(shared, h_BxKxD)), K)
             score_BxL = (beam_BxK[:, :, None] + lp_BxKxK).reshape(B, K * K)
             tok_BxL = kid_BxKxK.reshape(B, K * K)
             slot_BxL = jnp.broadcast_to(slots_K[:, None], (B, K, K)).reshape(B, K * K)
@@ -311,17 +311,70 @@ class HiddenSpec:
 
     # -- training --------------------------------------------------------------------------
 
-    def loss(self, params, features_BxLxD, tokens_BxL, mask_BxL, to_head_V, reg_weight=1.0):
+    def eagle_unroll(self, params, features_BxLxD, tokens_BxL, steps: int):
+        """Teacher-forced EAGLE over every position, `steps` drafts deep: step 0 reads the
+        target's features f_p (and token p + 1) and predicts f_{p+1}; step j reads its own step
+        j - 1 prediction at position p + j (and the true token p + j + 1), as draft j + 1 does
+        when drafts 1..j were accepted (EAGLE-3's training-time test, HASS). Its queries see
+        what drafting's cache holds: step 0's entries up to p, and its own chain's entries at
+        p + 1 .. p + j (a tree over steps x S slots). Returns [steps, B, S, D], S = L - 2: the
+        predicted final-normed feature of position p + j + 1, which drafts token p + j + 2."""
+        B, Lq, _ = features_BxLxD.shape
+        S = Lq - 2
+        f_BxLxD = _feature(params["shared"], self.config, features_BxLxD)
+        tok_BxT = jnp.pad(tokens_BxL, ((0, 0), (0, steps)))
+        p_S = np.arange(S)
+        step_M, at_M = np.divmod(np.arange(steps * S), S)
+        depth_M = at_M + step_M  # slot j * S + p holds step j's entry, at position p + j
+        cache = init_cache(self.config, B, steps * S, num_layers=1)
+        base_B = jnp.zeros((B,), jnp.int32)
+        h_BxSxD, out = f_BxLxD[:, :S], []
+        for j in range(steps):
+            visible_SxM = (((step_M == 0) & (at_M <= p_S[:, None]))
+                           | ((step_M >= 1) & (step_M <= j) & (at_M == p_S[:, None])))
+            pos_BxS, slots_BxS = (jnp.broadcast_to(a, (B, S)) for a in (p_S + j, j * S + p_S))
+            h_BxSxD, cache = self.eagle_layer(params, h_BxSxD, tok_BxT[:, 1 + j:1 + j + S],
+                                              pos_BxS, cache, slots_BxS,
+                                              (base_B, depth_M, visible_SxM))
+            out.append(h_BxSxD)
+        return jnp.stack(out)
+
+    def forced_logits(self, params, features_BxLxD, tokens_BxL, steps: int) -> list:
+        """Teacher-forced logits of drafts 1..`steps` over the head's ids at every position of a
+        text (the target's features, the true tokens): entry j [B, S_j, K] at p drafts token
+        p + j + 2 (medusa head j, hydra stage j, EAGLE `eagle_unroll` step j; S_j = L - 2 - j,
+        or L - 2 for EAGLE, whose last entries run past the text). What greedy decoding drafts
+        at p + 2 + j when drafts 1..j were accepted."""
+        B, Lq, _ = features_BxLxD.shape
+        S, shared = Lq - 2, params["shared"]
+        if self.kind == "eagle":
+            return list(head_logits(shared, self.eagle_unroll(params, features_BxLxD,
+                                                               tokens_BxL, steps)))
+        if self.kind == "medusa":
+            return [head_logits(shared, self.medusa_head(params, j, features_BxLxD[:, :S - j]))
+                    for j in range(steps)]
+        s, out = _feature(shared, self.config, features_BxLxD[:, :S]), []
+        for j in range(steps):
+            s = self.hydra_stage(params, j, s[:, :S - j], tokens_BxL[:, 1 + j:1 + S])
+            out.append(head_logits(shared, s))
+        return out
+
+    def loss(self, params, features_BxLxD, tokens_BxL, mask_BxL, to_head_V, reg_weight=1.0,
+             unroll: int = 1, labels_BxL=None):
         """Mean cross-entropy over the head's ids (targets outside the head are skipped) of every
-        head/stage/position that drafts a masked token, weighted 0.8^k by depth for medusa and
-        hydra; plus, for eagle, `reg_weight` x the smooth-L1 distance between its output and the
-        next position's final-normed feature, relative to that feature's RMS. Returns
-        (loss, num_targets)."""
+        head/stage/position that drafts a masked token, weighted 0.8^k by depth k; plus, for
+        eagle, `reg_weight` x the smooth-L1 distance between its output and the next position's
+        final-normed feature, relative to that feature's RMS. EAGLE drafts `unroll` steps deep
+        on its own predictions (`eagle_unroll`). The token each position drafts is the text's,
+        or with `labels_BxL` (the target's greedy token after each position) the target's.
+        Returns (loss, num_targets)."""
         B, Lq, D = features_BxLxD.shape
         total, count = 0.0, 0
+        want_BxL = (tokens_BxL if labels_BxL is None
+                    else jnp.pad(labels_BxL[:, :-1], ((0, 0), (1, 0))))
 
         def ce(h_BxSxD, targets_BxS, mask_BxS, weight):
-            logits = _logits(params["shared"], h_BxSxD)
+            logits = head_logits(params["shared"], h_BxSxD)
             t = to_head_V[targets_BxS]
             m = mask_BxS & (t >= 0)
             logp = jax.nn.log_softmax(logits, axis=-1)
@@ -333,31 +386,38 @@ class HiddenSpec:
             for k in range(self.depth):  # f_p -> token p + 2 + k
                 S = Lq - 2 - k
                 h = self.medusa_head(params, k, features_BxLxD[:, :S])
-                c, n = ce(h, tokens_BxL[:, 2 + k:], mask_BxL[:, 2 + k:], 0.8 ** k)
+                c, n = ce(h, want_BxL[:, 2 + k:], mask_BxL[:, 2 + k:], 0.8 ** k)
                 total, count = total + c, count + n
         elif self.kind == "hydra":
             s = _feature(params["shared"], self.config, features_BxLxD[:, :Lq - 2])
             for k in range(self.depth):  # stage k reads token p + 1 + k, drafts p + 2 + k
                 S = Lq - 2 - k
                 s = self.hydra_stage(params, k, s[:, :S], tokens_BxL[:, 1 + k:1 + k + S])
-                c, n = ce(s, tokens_BxL[:, 2 + k:], mask_BxL[:, 2 + k:], 0.8 ** k)
+                c, n = ce(s, want_BxL[:, 2 + k:], mask_BxL[:, 2 + k:], 0.8 ** k)
                 total, count = total + c, count + n
         else:
             S = Lq - 2
-            positions_BxS = jnp.broadcast_to(jnp.arange(S), (B, S))
-            cache = init_cache(self.config, B, S, num_layers=1)
+            h_JxBxSxD = self.eagle_unroll(params, features_BxLxD, tokens_BxL, unroll)
             f_BxLxD = _feature(params["shared"], self.config, features_BxLxD)
-            h, _ = self.eagle_layer(params, f_BxLxD[:, :S], tokens_BxL[:, 1:S + 1],
-                                    positions_BxS, cache)
-            total, count = ce(h, tokens_BxL[:, 2:], mask_BxL[:, 2:], 1.0)
-            m = mask_BxL[:, 1:S + 1]
-            want = f_BxLxD[:, 1:S + 1]
-            scale = jnp.sqrt(jnp.mean(want * want, axis=-1, keepdims=True) + 1e-6)
-            d = jnp.abs(h - want) / scale
-            reg = jnp.where(d < 1, 0.5 * d * d, d - 0.5).mean(-1)
-            total = total + reg_weight * jnp.sum(jnp.where(m, reg, 0)) / jnp.maximum(
-                jnp.sum(m), 1)
+            for j in range(unroll):  # step j drafts token p + j + 2 from a guess of f_{p+j+1}
+                tok_BxS, m_BxS = _shifted(want_BxL, 2 + j, S), _shifted(mask_BxL, 2 + j, S)
+                c, n = ce(h_JxBxSxD[j], tok_BxS, m_BxS, 0.8 ** j)
+                total = total + c
+                count = count + n if j == 0 else count
+                m = _shifted(mask_BxL, 1 + j, S)
+                want = _shifted(f_BxLxD, 1 + j, S)
+                scale = jnp.sqrt(jnp.mean(want * want, axis=-1, keepdims=True) + 1e-6)
+                d = jnp.abs(h_JxBxSxD[j] - want) / scale
+                reg = jnp.where(d < 1, 0.5 * d * d, d - 0.5).mean(-1)
+                total = total + 0.8 ** j * reg_weight * jnp.sum(jnp.where(m, reg, 0)) / (
+                    jnp.maximum(jnp.sum(m), 1))
         return total, count
+
+
+def _shifted(x_BxL, start: int, S: int):
+    """x[:, start:start + S], zero-padded past the end."""
+    x = x_BxL[:, start:start + S]
+    return jnp.pad(x, ((0, 0), (0, S - x.shape[1])) + ((0, 0),) * (x.ndim - 2))
 
 
 def head_params(kind: str, config: ModelConfig, depth: int, key, target_params=None) -> dict:

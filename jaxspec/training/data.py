@@ -118,6 +118,37 @@ def read_text(path: str | Path, key: str = "text") -> list[dict]:
             if ln.strip()]
 
 
+MAN_ROOT = Path("/usr/share/man")
+
+
+def read_manpages(language: str, limit: int | None = None, root: str | Path = MAN_ROOT,
+                  min_chars: int = 40) -> list[dict]:
+    """Real text in `language` that ships with the machine: the prose paragraphs of the
+    installed manual pages (`root/<language>/man*/`, or `root/man*/` for "en"), rendered by
+    man-db, one paragraph per record (headings, option lists and paragraphs under `min_chars`
+    characters left out), pages in name order, at most `limit` pages. Each page's licence is its
+    package's (`/usr/share/doc/<package>/copyright`)."""
+    import subprocess
+
+    base = Path(root) if language == "en" else Path(root) / language
+    pages = sorted(p for p in base.glob("man[1-8]/*") if p.is_file())[:limit]
+    if not pages:
+        raise UserError(f"no manual pages under {base}: install the language's manpages "
+                        f"package, or use another source")
+    env = {"MANWIDTH": "100000", "LANG": "C.UTF-8", "PATH": "/usr/bin:/bin"}
+    records = []
+    for page in pages:
+        run = subprocess.run(["man", "-E", "UTF-8", "-l", str(page)], capture_output=True,
+                             env=env, timeout=60)
+        text = subprocess.run(["col", "-bx"], input=run.stdout, capture_output=True,
+                              env=env).stdout.decode("utf-8", "replace")
+        for para in text.split("\n"):
+            para = " ".join(para.split())
+            if len(para) >= min_chars and para[-1:] in ".!?。！？:)":
+                records.append({"text": para})
+    return records
+
+
 def split_sentences(text: str, min_chars: int = 4) -> list[str]:
     """Sentences of `text` (split after . ! ? and their CJK forms), at least `min_chars` long."""
     parts = re.split(r"(?<=[.!?。！？])\s*|\n+", text)
@@ -167,11 +198,11 @@ def self_generated(model, language: str, num_texts: int, generate_fn: Callable |
 
 def load_source(spec: dict, model=None, generate_fn: Callable | None = None) -> list[dict]:
     """Records from a source spec: {"type": "tfds" | "specbench" | "sharegpt" | "text" |
-    "selfgen", ...keyword arguments of the matching reader}."""
+    "manpages" | "selfgen", ...keyword arguments of the matching reader}."""
     spec = dict(spec)
     kind = spec.pop("type", None)
     readers = {"tfds": load_tfds, "specbench": read_specbench, "sharegpt": read_sharegpt,
-               "text": read_text}
+               "text": read_text, "manpages": read_manpages}
     if kind == "selfgen":
         if model is None:
             raise UserError("a selfgen source needs the target model")

@@ -9,6 +9,7 @@ parameters) against a one-layer head's forward and backward.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import sys
@@ -24,7 +25,7 @@ from jaxspec.decoding.hidden import HiddenSpec
 from jaxspec.errors import UserError
 from jaxspec.files import write_atomic
 from jaxspec.models.cache import init_cache
-from jaxspec.models.transformer import forward
+from jaxspec.models.transformer import forward, head
 from jaxspec.training.data import Example
 
 _BLOCK = 256  # rows per features file
@@ -51,12 +52,14 @@ def row_lengths(mask_NxL: np.ndarray) -> np.ndarray:
 
 def target_features(target, tokens_NxL: np.ndarray, cache_dir: str | Path,
                     lengths_N: np.ndarray | None = None, batch_size: int = 16,
-                    bucket: int = 32) -> np.ndarray:
+                    bucket: int = 32, labels: bool = False):
     """The target's last-layer hidden states [N, L, D] (bfloat16) over each row, cached in
     `<cache_dir>/<hash of the rows>/` (shared by every head trained on the same rows), computed
     block by block when missing. Rows are run shortest first in batches cut to a multiple of
     `bucket` past their longest `lengths_N` (features past a row's length are zero), so the cost
-    follows the real tokens, with at most L / bucket compiled shapes."""
+    follows the real tokens, with at most L / bucket compiled shapes. With `labels`, returns
+    (features, labels [N, L] int32): the target's greedy next token after each position, from
+    the same forward (training labels at prefill speed, no generation)."""
     N, L = tokens_NxL.shape
     lengths_N = np.full(N, L) if lengths_N is None else np.asarray(lengths_N)
     digest = hashlib.sha256(tokens_NxL.tobytes() + lengths_N.tobytes()).hexdigest()[:16]
@@ -70,36 +73,83 @@ def target_features(target, tokens_NxL: np.ndarray, cache_dir: str | Path,
                         f"or use another directory")
     write_atomic(mpath, json.dumps(manifest))
     c = target.config
-    fwd = jax.jit(lambda p, t: forward(p, c, t, jnp.broadcast_to(jnp.arange(t.shape[1]), t.shape),
-                                       init_cache(c, t.shape[0], t.shape[1]), features=True)[2]
-                  .astype(jnp.bfloat16))
     from tqdm.auto import tqdm
 
-    blocks = []
+    blocks, label_blocks = [], []
     for b in tqdm(range(0, N, _BLOCK), desc="target features", unit="block", file=sys.stderr):
         path = directory / f"features-{b // _BLOCK:05d}.npy"
-        if not path.exists():
+        lpath = directory / f"labels-{b // _BLOCK:05d}.npy"
+        if not path.exists() or (labels and not lpath.exists()):
             rows, lens = tokens_NxL[b:b + _BLOCK], lengths_N[b:b + _BLOCK]
             feats = np.zeros((len(rows), L, c.hidden_size), ml_dtypes.bfloat16)
+            ids = np.zeros((len(rows), L), np.int32)
             order = np.argsort(lens, kind="stable")
             for i in range(0, len(rows), batch_size):
                 idx = order[i:i + batch_size]
                 n = min(L, -(-int(lens[idx].max()) // bucket) * bucket)
                 batch = np.concatenate([rows[idx, :n], np.repeat(rows[idx[-1:], :n],
                                                                  batch_size - len(idx), 0)])
-                feats[idx, :n] = np.asarray(fwd(target.params, batch))[:len(idx)]
-            tmp = path.with_suffix(".tmp.npy")
-            np.save(tmp, feats.view(np.uint16))
-            tmp.replace(path)
+                f, t = _features_fn(c, labels, bucket)(target.params, batch)
+                feats[idx, :n] = np.asarray(f)[:len(idx)]
+                if labels:
+                    ids[idx, :n] = np.asarray(t)[:len(idx)]
+            if labels:
+                _save(lpath, ids)
+            _save(path, feats.view(np.uint16))
         blocks.append(np.load(path).view(ml_dtypes.bfloat16))
+        if labels:
+            label_blocks.append(np.load(lpath))
+    if labels:
+        return np.concatenate(blocks), np.concatenate(label_blocks)
     return np.concatenate(blocks)
 
 
+@functools.lru_cache(maxsize=8)
+def _features_fn(c, labels: bool, bucket: int):
+    """Rows -> (bfloat16 features, the greedy next token after each position or None)."""
+    @jax.jit
+    def fwd(p, t_BxS):
+        B, S = t_BxS.shape
+        x_BxSxD = forward(p, c, t_BxS, jnp.broadcast_to(jnp.arange(S), t_BxS.shape),
+                          init_cache(c, B, S), features=True)[2]
+        if not labels:
+            return x_BxSxD.astype(jnp.bfloat16), None
+        # The head over `bucket` positions at a time: [B, S, vocab] logits at once are GBs.
+        C = -(-S // bucket)
+        x_BxCbxD = jnp.pad(x_BxSxD, ((0, 0), (0, C * bucket - S), (0, 0)))
+        x_CxBxbxD = x_BxCbxD.reshape(B, C, bucket, -1).swapaxes(0, 1)
+        ids_CxBxb = jax.lax.map(lambda x: greedy_ids(head(p, c, x)), x_CxBxbxD)
+        return x_BxSxD.astype(jnp.bfloat16), ids_CxBxb.swapaxes(0, 1).reshape(B, -1)[:, :S]
+
+    return fwd
+
+
+def greedy_ids(logits_xV, group: int = 512):
+    """`jnp.argmax` over the last axis (the first of equal maxima), in two levels: the best
+    group of `group` ids, then the best id in it. XLA:CPU runs a variadic argmax reduction over
+    262,144 logits several times slower than a max (over the output head of Gemma 3, an argmax
+    took longer than the product itself)."""
+    V = logits_xV.shape[-1]
+    G = group if V % group == 0 else V
+    g_xNxG = logits_xV.reshape(*logits_xV.shape[:-1], V // G, G)
+    n_x = jnp.argmax(jnp.max(g_xNxG, -1), -1)
+    best_xG = jnp.take_along_axis(g_xNxG, n_x[..., None, None], axis=-2)[..., 0, :]
+    return (n_x * G + jnp.argmax(best_xG, -1)).astype(jnp.int32)
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, array)
+    tmp.replace(path)
+
+
 def head_loss(spec: HiddenSpec, to_head_V: np.ndarray, reg_weight: float = 1.0,
-              bf16: bool = False):
+              bf16: bool = False, unroll: int = 1):
     """`loss(head, shared, batch) -> (loss, targets)` for the trainer: `shared` are the target's
     frozen arrays (hidden.shared_params), passed where a teacher's params go; with `bf16` the
-    head's products run in bfloat16 (its params stay float32)."""
+    head's products run in bfloat16 (its params stay float32); EAGLE trains `unroll` drafts
+    deep on its own predictions. A batch with "labels" (`target_features(labels=True)`) is
+    trained to draft the target's greedy tokens rather than the text's."""
     to_head_V = jnp.asarray(to_head_V)
 
     def loss(head, shared, batch):
@@ -107,6 +157,33 @@ def head_loss(spec: HiddenSpec, to_head_V: np.ndarray, reg_weight: float = 1.0,
             head = jax.tree.map(lambda p: p.astype(jnp.bfloat16), head)
         params = {"head": head, "shared": shared}
         return spec.loss(params, batch["features"].astype(jnp.float32), batch["tokens"],
-                         batch["mask"].astype(bool), to_head_V, reg_weight)
+                         batch["mask"].astype(bool), to_head_V, reg_weight, unroll,
+                         batch.get("labels"))
 
     return loss
+
+
+def agreement(spec: HiddenSpec, params, features_NxLxD, tokens_NxL, mask_NxL, steps: int,
+              batch_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    """Teacher-forced top-1 agreement of a hidden-state drafter (`params` as `hidden_drafter`
+    builds them) by draft position over the masked tokens of rows: (hits [steps],
+    counts [steps]) from `HiddenSpec.forced_logits`. Greedy decoding accepts draft j + 1
+    exactly when it agrees, given drafts 1..j were accepted: hits / counts is the acceptance
+    by position on that text."""
+    @jax.jit
+    def top1(f, t):
+        return [params["vocab_ids"][jnp.argmax(lg, -1)]
+                for lg in spec.forced_logits(params, f.astype(jnp.float32), t, steps)]
+
+    N, L = tokens_NxL.shape
+    hits, counts = np.zeros(steps, np.int64), np.zeros(steps, np.int64)
+    for i in range(0, N, batch_size):
+        t, m = tokens_NxL[i:i + batch_size], mask_NxL[i:i + batch_size] > 0
+        pad = ((0, batch_size - len(t)),)
+        drafts = top1(np.pad(features_NxLxD[i:i + batch_size], pad + ((0, 0), (0, 0))),
+                      np.pad(t, pad + ((0, 0),)))
+        for j, d in enumerate(drafts):
+            S = L - 2 - j  # draft j + 1 at p is for token p + j + 2
+            hits[j] += np.sum((np.asarray(d)[:len(t), :S] == t[:, 2 + j:]) & m[:, 2 + j:])
+            counts[j] += m[:, 2 + j:].sum()
+    return hits, counts

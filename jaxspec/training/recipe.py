@@ -11,9 +11,9 @@ Keys (see configs/*.yaml):
            partial (train on the shards finished so far)},
   drafter: {init: target | random, num_layers, config: {ModelConfig overrides}, head_vocab_size}
            for a model drafter, or {kind: medusa | hydra | eagle, depth, head_vocab_size, gamma,
-           reg_weight, generic} for a hidden-state head (`run_train_head`; `generic`: a saved
-           generic head to finetune, e.g. another pair's `drafter-generic`, instead of a
-           pretrain stage),
+           reg_weight, unroll, generic} for a hidden-state head (`run_train_head`; `unroll`:
+           EAGLE trains that many drafts deep on its own predictions; `generic`: a saved generic
+           head to finetune, e.g. another pair's `drafter-generic`, instead of a pretrain stage),
   train: {workdir, ...TrainSettings shared by both stages, pretrain: {...}, finetune: {...}}.
 A stage runs when its `steps` > 0. The drafter is saved to `<workdir>/drafter`.
 """
@@ -40,9 +40,9 @@ from jaxspec.training import data, distill, drafter_init, heads, trainer
 
 DISTILL_KEYS = ("temperatures", "max_new_tokens", "block_size", "batch_size", "top_k", "top_p",
                 "stop")
-TOP_KEYS = {"seed", "target", "dtype", "languages", "chat", "template", "distributed", "data", "distill",
-            "drafter", "train"}
-SOURCE_TYPES = {"tfds", "specbench", "sharegpt", "text", "selfgen"}
+TOP_KEYS = {"seed", "target", "dtype", "languages", "chat", "template", "distributed", "data",
+            "distill", "drafter", "train"}
+SOURCE_TYPES = {"tfds", "specbench", "sharegpt", "text", "manpages", "selfgen"}
 
 
 def check_config(cfg: dict) -> None:
@@ -63,7 +63,7 @@ def check_config(cfg: dict) -> None:
     unknown("distill", cfg["distill"], ("out_dir", "partial", *DISTILL_KEYS))
     drafter = cfg.get("drafter", {})
     unknown("drafter", drafter, ("init", "num_layers", "config", "head_vocab_size", "kind",
-                                 "depth", "gamma", "reg_weight", "generic"))
+                                 "depth", "gamma", "reg_weight", "unroll", "generic"))
     if drafter.get("kind", "model") not in ("model", *hidden.KINDS):
         raise UserError(f"drafter.kind must be 'model' or one of {hidden.KINDS}")
     unknown("drafter.config", drafter.get("config", {}), ModelConfig.__dataclass_fields__)
@@ -277,11 +277,12 @@ def _generic_head(path, kind: str, depth: int, target, fresh: dict) -> dict:
 
 def run_train_head(cfg: dict, target, workdir: Path, speculative_fn: Callable | None,
                    generate_fn: Callable | None) -> Path:
-    """A hidden-state head (drafter.kind): pretrained on `data.pretrain` text (the generic head,
-    saved to `<workdir>/drafter-generic`), then finetuned on the distilled responses (saved to
-    `<workdir>/drafter`, returned). Each stage's head covers the `head_vocab_size` most frequent
-    ids of its own training text (the head rows are the target's, so they can change between
-    stages); the target's features of every row are cached (`features_dir`)."""
+    """A hidden-state head (drafter.kind): pretrained on `data.pretrain` text to draft the
+    target's greedy tokens (the generic head, saved to `<workdir>/drafter-generic`), then
+    finetuned on the distilled responses (saved to `<workdir>/drafter`, returned). Each stage's
+    head covers the `head_vocab_size` most frequent ids of its own training text (the head rows
+    are the target's, so they can change between stages); the target's features of every row
+    are cached (`features_dir`)."""
     dcfg = cfg["drafter"]
     kind, depth, seed = dcfg["kind"], int(dcfg.get("depth", 4)), cfg.get("seed", 0)
     V, pad, chat = target.config.vocab_size, target.config.pad_token_id, _chat(cfg, target)
@@ -314,15 +315,19 @@ def run_train_head(cfg: dict, target, workdir: Path, speculative_fn: Callable | 
         shared = hidden.shared_params(target.params, vocab_ids)
         ids = jnp.asarray(vocab_ids)
         tokens, mask = heads.example_rows(examples, s.seq_len, pad)
-        feats = heads.target_features(target, tokens, features_dir(cfg), heads.row_lengths(mask))
+        # Pretraining text is any text: the target's own greedy tokens, from the same forward
+        # as its features, are the labels (no generation).
+        extra = heads.target_features(target, tokens, features_dir(cfg), heads.row_lengths(mask),
+                                      labels=stage == "pretrain")
+        extra = dict(zip(("features", "labels"), extra if stage == "pretrain" else (extra,)))
         mesh = sharding.make_mesh(*s.mesh)
         head = trainer.host_params(trainer.train(
-            s, target.config, head, data.Batches(tokens, mask, s.batch_size, s.seed,
-                                                 features=feats),
+            s, target.config, head, data.Batches(tokens, mask, s.batch_size, s.seed, **extra),
             workdir / stage, teacher=target, eval_prompts=eval_prompts,
             speculative_fn=speculative_fn, tokenizer=target.tokenizer, chat=chat, mesh=mesh,
             loss=heads.head_loss(spec, trainer.head_index(vocab_ids, V),
-                                 dcfg.get("reg_weight", 1.0), s.bf16),
+                                 dcfg.get("reg_weight", 1.0), s.bf16,
+                                 int(dcfg.get("unroll", 1))),
             frozen=shared, param_shardings=jax.tree.map(lambda _: sharding.replicated(mesh), head),
             drafter_fn=lambda h, shared=shared, ids=ids: Drafter(
                 {"shared": shared, "head": h, "vocab_ids": ids}, spec, kind)))

@@ -208,3 +208,17 @@ def test_batches_cover_each_epoch_and_resume_exactly():
     assert not np.array_equal(a._order(), data.Batches(tokens, mask, 3, seed=1)._order())
     with pytest.raises(ValueError, match="fewer than one batch"):
         data.Batches(tokens[:2], mask[:2], batch_size=3)
+
+
+def test_manpages_source_reads_prose_paragraphs(tmp_path):
+    page = tmp_path / "de" / "man1" / "beispiel.1"
+    page.parent.mkdir(parents=True)
+    page.write_text(".TH BEISPIEL 1\n.SH BESCHREIBUNG\nDieses Programm liest Dateien und schreibt "
+                    "sie\nin einer anderen Form wieder hinaus.\n.PP\nKurz.\n.SH OPTIONEN\n"
+                    ".TP\n\\-v\nmehr Ausgaben\n", encoding="utf-8")
+    records = data.load_source({"type": "manpages", "language": "de", "root": str(tmp_path)})
+    # Filled lines join into one paragraph; the heading, "Kurz." and the option are left out.
+    assert records == [{"text": "Dieses Programm liest Dateien und schreibt sie in einer anderen "
+                                "Form wieder hinaus."}]
+    with pytest.raises(data.UserError, match="no manual pages"):
+        data.read_manpages("fr", root=tmp_path)

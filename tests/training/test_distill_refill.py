@@ -126,6 +126,10 @@ def test_distill_speed_reports_tokens_and_the_products_share(worker, target, dec
     assert 0 < row["tokens"] <= 8 * len(worker.PROMPTS) and row["tokens_per_s"] > 0
     assert "matrix products" in printed.getvalue()
     assert 0.0 < row["ops"]["product_share"] < 1.0
+    # Prefill labels count every prompt token they label.
+    ids = runner.encode_prompts(target, list(worker.PROMPTS), False)
+    (row,) = distill_speed.measure(target, worker.PROMPTS, [4], modes=("labels",), out=printed)
+    assert row["tokens"] == sum(map(len, ids)) and row["tokens_per_s"] > 0
 
 
 def test_the_shared_prefix_leaves_every_prompt_a_token_of_its_own():

@@ -82,7 +82,8 @@ def trained(selfgen, tmp_path_factory):
             out = trainer.train(
                 s, t.config, head,
                 Batches(selfgen["tokens"], selfgen["mask"], 8, 0, features=selfgen["feats"]),
-                workdir, mesh=mesh, loss=heads.head_loss(spec, trainer.head_index(ids, V)),
+                workdir, mesh=mesh,
+                loss=heads.head_loss(spec, trainer.head_index(ids, V), unroll=DEPTH),
                 frozen=hidden.shared_params(t.params, ids),
                 param_shardings=jax.tree.map(lambda _: sharding.replicated(mesh), head))
             done[kind] = trainer.host_params(out), workdir
@@ -123,7 +124,7 @@ def test_target_features_are_the_forward_features_cached(worker, tmp_path, monke
     def no_forward(*args, **kw):
         raise AssertionError("cached features were computed again")
 
-    monkeypatch.setattr(heads, "forward", no_forward)
+    monkeypatch.setattr(heads, "_features_fn", no_forward)
     np.testing.assert_array_equal(heads.target_features(target, tokens, tmp_path), feats)
     assert [f.stat().st_mtime_ns for f in files] == stamps
     # The same rows of another target are refused, not served.
@@ -144,6 +145,34 @@ def test_target_features_are_the_forward_features_cached(worker, tmp_path, monke
     assert len([d for d in tmp_path.iterdir() if d.is_dir()]) == 2
 
 
+def test_prefill_labels_and_features_are_those_of_step_by_step_decoding(worker, tmp_path):
+    """Training labels at prefill speed: one forward over a text gives, at every position, the
+    feature and the greedy next token that decoding the text one token at a time gives."""
+    target = worker.tiny_target()
+    c = target.config
+    tokens, _ = worker.pattern_rows(n=6, length=12, seed=4)
+    # bucket 8: rows of 12 run the output head over two chunks of 8, the last one padded.
+    feats, labels = heads.target_features(target, tokens, tmp_path, batch_size=4, bucket=8,
+                                          labels=True)
+    assert labels.shape == tokens.shape and labels.dtype == np.int32
+    B, L = tokens.shape
+    step = jax.jit(lambda p, cache, t_Bx1, pos_Bx1: forward(p, c, t_Bx1, pos_Bx1, cache,
+                                                            features=True))
+    cache, want_labels, want_feats = init_cache(c, B, L), [], []
+    for i in range(L):
+        logits, cache, x = step(target.params, cache, jnp.asarray(tokens[:, i:i + 1]),
+                                jnp.full((B, 1), i))
+        want_labels.append(np.asarray(jnp.argmax(logits[:, 0], -1)))
+        want_feats.append(np.asarray(x[:, 0]))
+    np.testing.assert_array_equal(labels, np.stack(want_labels, 1))
+    np.testing.assert_allclose(feats.astype(np.float32), np.stack(want_feats, 1),
+                               rtol=2 ** -7, atol=1e-5)
+    assert len(set(labels.ravel().tolist())) > 5  # a real test: labels vary
+    # Cached: a second call reads both.
+    again = heads.target_features(target, tokens, tmp_path, batch_size=4, bucket=8, labels=True)
+    np.testing.assert_array_equal(again[1], labels)
+
+
 # ------------------------------------------------------------------------------- training
 
 @pytest.mark.parametrize("kind", hidden.KINDS)
@@ -158,6 +187,25 @@ def test_loss_falls_on_self_distilled_text(kind, trained):
     assert np.mean(losses[-10:]) < 0.85 * np.mean(losses[:10]), losses
 
 
+@pytest.mark.parametrize("kind", hidden.KINDS)
+def test_the_loss_drafts_the_labels_when_given(kind, selfgen):
+    """Labels (the target's greedy token after each position) replace the text's next tokens as
+    what each position drafts; on the target's own greedy text they are the same."""
+    t = selfgen["target"]
+    spec = hidden.HiddenSpec(kind, t.config, DEPTH)
+    params = {"head": hidden.head_params(kind, t.config, DEPTH, jax.random.key(1), t.params),
+              "shared": hidden.shared_params(t.params, np.arange(t.config.vocab_size))}
+    tokens = jnp.asarray(selfgen["tokens"][:8])
+    feats = jnp.asarray(selfgen["feats"][:8], jnp.float32)
+    mask = jnp.asarray(selfgen["mask"][:8], bool)
+    to_head = jnp.arange(t.config.vocab_size)
+    loss = functools.partial(spec.loss, params, feats, tokens, mask, to_head, 1.0, DEPTH)
+    text = loss()[0]
+    np.testing.assert_allclose(loss(jnp.roll(tokens, -1, axis=1))[0], text, rtol=1e-6)
+    other = jnp.asarray(np.random.default_rng(0).integers(3, 64, tokens.shape))
+    assert abs(float(loss(other)[0]) - float(text)) > 0.1
+
+
 def _teacher_forced(drafter, feats_BxNxD, tokens_BxN, depth):
     """(drafts, margins): drafts[k][b, p] is head/stage k's top-1 token for position p + 2 + k,
     from the target's full-forward features and the true tokens (the per-position functions
@@ -170,23 +218,7 @@ def _teacher_forced(drafter, feats_BxNxD, tokens_BxN, depth):
 
 @functools.partial(jax.jit, static_argnums=3)
 def _forced_logits(drafter, feats_BxNxD, tokens_BxN, depth):
-    spec, params = drafter.spec, drafter.params
-    B, N, _ = feats_BxNxD.shape
-    S = N - 2
-    normed = hidden._feature(params["shared"], spec.config, feats_BxNxD)  # what heads read
-    if spec.kind == "eagle":
-        positions_BxS = jnp.broadcast_to(jnp.arange(S), (B, S))
-        h, _ = spec.eagle_layer(params, normed[:, :S], tokens_BxN[:, 1:S + 1],
-                                positions_BxS, init_cache(spec.config, B, S, num_layers=1))
-        outs = [h]
-    elif spec.kind == "hydra":
-        s, outs = normed[:, :S], []
-        for k in range(depth):
-            s = spec.hydra_stage(params, k, s[:, :S - k], tokens_BxN[:, 1 + k:1 + S])
-            outs.append(s)
-    else:  # medusa heads norm the raw feature themselves
-        outs = [spec.medusa_head(params, k, feats_BxNxD[:, :S - k]) for k in range(depth)]
-    return [hidden._logits(params["shared"], o) for o in outs]
+    return drafter.spec.forced_logits(drafter.params, feats_BxNxD, tokens_BxN, depth)
 
 
 _TIE = 1e-3  # logit margin under which incremental and full-forward float noise may flip a draft
@@ -210,12 +242,12 @@ def _replay(drafts, margins, row, prompt_len, gains, gamma):
     return out
 
 
-@pytest.mark.parametrize("kind,gamma", [("eagle", 1), ("hydra", 3), ("medusa", 3)])
+@pytest.mark.parametrize("kind,gamma", [("eagle", 3), ("hydra", 3), ("medusa", 3)])
 def test_teacher_forced_agreement_is_the_acceptance(kind, gamma, selfgen, trained):
     """Greedy decoding accepts a draft exactly when the head, teacher-forced on the target's
     own features and tokens, predicts the target's next token: drafting and training must see
-    the same inputs at the same positions (eagle's later drafts read its own features, so only
-    its first draft is teacher-forced)."""
+    the same inputs at the same positions (eagle's later drafts read its own predicted features,
+    as its unrolled training does)."""
     target, prompts, greedy = selfgen["target"], selfgen["prompts"], selfgen["greedy"]
     head, _ = trained(kind)
     drafter = hidden.hidden_drafter(target, kind, head, selfgen["vocab_ids"], DEPTH)
@@ -243,6 +275,37 @@ def test_teacher_forced_agreement_is_the_acceptance(kind, gamma, selfgen, traine
     # accepted second drafts (so later heads/stages are compared too), not only misses.
     gains = np.bincount(forced, minlength=gamma + 2)
     assert gains[2:].sum() >= 30 and (gamma == 1 or gains[3:].sum() >= 10), gains
+
+
+def test_eagle_unrolled_steps_read_its_own_features(selfgen, trained):
+    """Unrolled step j at p is what drafting computes for draft j + 1: EAGLE fed the target's
+    features up to p, then its own predictions (with the true tokens) at p + 1 .. p + j; fed
+    the target's features there instead, the outputs differ."""
+    target = selfgen["target"]
+    drafter = hidden.hidden_drafter(target, "eagle", trained("eagle")[0], selfgen["vocab_ids"],
+                                    DEPTH)
+    spec, params, c = drafter.spec, drafter.params, target.config
+    tokens = jnp.asarray(selfgen["tokens"][:4])
+    feats = jnp.asarray(selfgen["feats"][:4], jnp.float32)
+    B, N = tokens.shape
+    unrolled = spec.eagle_unroll(params, feats, tokens, DEPTH)
+    normed = hidden._feature(params["shared"], c, feats)
+    for p in (0, 5, N - 2 - DEPTH):
+        cache = init_cache(c, B, N, num_layers=1)
+        h, cache = spec.eagle_layer(params, normed[:, :p + 1], tokens[:, 1:p + 2],
+                                    jnp.broadcast_to(jnp.arange(p + 1), (B, p + 1)), cache)
+        own = true = h[:, -1]
+        for j in range(DEPTH):
+            if j:
+                pos = jnp.full((B, 1), p + j)
+                tok = tokens[:, p + j + 1][:, None]
+                own, cache = spec.eagle_layer(params, own[:, None], tok, pos, cache)
+                own = own[:, 0]
+                true = spec.eagle_layer(params, normed[:, :p + j + 1], tokens[:, 1:p + j + 2],
+                                        jnp.broadcast_to(jnp.arange(p + j + 1), (B, p + j + 1)),
+                                        init_cache(c, B, N, num_layers=1))[0][:, -1]
+                assert float(jnp.max(jnp.abs(unrolled[j, :, p] - true))) > 1e-2
+            np.testing.assert_allclose(unrolled[j, :, p], own, atol=2e-5, rtol=1e-4)
 
 
 # -------------------------------------------------------------------- resume and sharding
@@ -372,3 +435,13 @@ def test_tiny_eagle_recipe_end_to_end(tmp_path, monkeypatch):
         recipe.check_config({**other, "train": {**other["train"], "pretrain": {"steps": 2}}})
     with pytest.raises(UserError, match="is a eagle head of depth 4; this recipe trains medusa"):
         recipe._generic_head(other["drafter"]["generic"], "medusa", 4, target, init)
+
+
+def test_greedy_ids_is_argmax_with_its_ties():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 5, 2048)).astype(np.float32)
+    logits[0, 0, [700, 1500]] = 9.0  # a tie across groups: the first wins
+    logits[1, 2, [10, 11]] = 9.0  # a tie inside a group
+    for v in (2048, 300):  # whole groups, and a vocabulary that is not a multiple of them
+        np.testing.assert_array_equal(heads.greedy_ids(jnp.asarray(logits[..., :v])),
+                                      np.argmax(logits[..., :v], -1))
