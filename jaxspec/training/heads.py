@@ -25,7 +25,7 @@ from jaxspec.decoding.hidden import HiddenSpec
 from jaxspec.errors import UserError
 from jaxspec.files import write_atomic
 from jaxspec.models.cache import init_cache
-from jaxspec.models.transformer import forward, head
+from jaxspec.models.transformer import forward, head as output_head
 from jaxspec.training.data import Example
 
 _BLOCK = 256  # rows per features file
@@ -118,7 +118,7 @@ def _features_fn(c, labels: bool, bucket: int):
         C = -(-S // bucket)
         x_BxCbxD = jnp.pad(x_BxSxD, ((0, 0), (0, C * bucket - S), (0, 0)))
         x_CxBxbxD = x_BxCbxD.reshape(B, C, bucket, -1).swapaxes(0, 1)
-        ids_CxBxb = jax.lax.map(lambda x: greedy_ids(head(p, c, x)), x_CxBxbxD)
+        ids_CxBxb = jax.lax.map(lambda x: greedy_ids(output_head(p, c, x)), x_CxBxbxD)
         return x_BxSxD.astype(jnp.bfloat16), ids_CxBxb.swapaxes(0, 1).reshape(B, -1)[:, :S]
 
     return fwd
