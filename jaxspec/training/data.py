@@ -128,8 +128,12 @@ def read_manpages(language: str, limit: int | None = None, root: str | Path = MA
     man-db, one paragraph per record (headings, option lists and paragraphs under `min_chars`
     characters left out), pages in name order, at most `limit` pages. Each page's licence is its
     package's (`/usr/share/doc/<package>/copyright`)."""
+    import shutil
     import subprocess
 
+    if shutil.which("man") is None or shutil.which("col") is None:
+        raise UserError("the manpages source renders pages with man-db's `man` and `col`, and "
+                        "this machine has neither on PATH: install man-db, or use another source")
     base = Path(root) if language == "en" else Path(root) / language
     pages = sorted(p for p in base.glob("man[1-8]/*") if p.is_file())[:limit]
     if not pages:

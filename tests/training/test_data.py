@@ -222,3 +222,11 @@ def test_manpages_source_reads_prose_paragraphs(tmp_path):
                                 "Form wieder hinaus."}]
     with pytest.raises(data.UserError, match="no manual pages"):
         data.read_manpages("fr", root=tmp_path)
+
+
+def test_manpages_source_says_what_it_needs_without_man(tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    with pytest.raises(data.UserError, match="install man-db"):
+        data.read_manpages("de", root=tmp_path)
