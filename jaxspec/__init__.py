@@ -7,11 +7,12 @@ set_exact_cpu_flags()  # before JAX starts: see jaxspec/cpu_flags.py
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.drafters import layer_skip_drafter, model_drafter, ngram_drafter
 from jaxspec.decoding.hidden import hidden_drafter
+from jaxspec.decoding.hybrid import hybrid_drafter
 from jaxspec.decoding.runner import GenerationResult, generate, speculative_generate
 from jaxspec.decoding.staged import staged_drafter
 from jaxspec.decoding.routing import Router, detect_language
 from jaxspec.loading import Model, load, load_drafter, score
 
 __all__ = ["GenerationResult", "Model", "ModelConfig", "Router", "detect_language", "generate",
-           "hidden_drafter", "layer_skip_drafter", "load", "load_drafter", "model_drafter",
-           "ngram_drafter", "score", "speculative_generate", "staged_drafter"]
+           "hidden_drafter", "hybrid_drafter", "layer_skip_drafter", "load", "load_drafter",
+           "model_drafter", "ngram_drafter", "score", "speculative_generate", "staged_drafter"]

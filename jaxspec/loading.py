@@ -20,6 +20,7 @@ from jaxspec.checkpoints import converted, gguf, heads, hf, store
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.drafters import Drafter, layer_skip_drafter, model_drafter, ngram_drafter
 from jaxspec.decoding.hidden import hidden_drafter
+from jaxspec.decoding.hybrid import hybrid_drafter
 from jaxspec.decoding.staged import staged_drafter
 from jaxspec.errors import UserError
 from jaxspec.files import cache_root
@@ -270,13 +271,18 @@ def parse_drafter(spec: str, target: Model) -> Drafter:
     """"ngram[:N]" (N = 3 by default), "layerskip:LAYERS" (of `target`, as for `parse_layers`),
     or a saved drafter's name or path, optionally as "drafter:PATH"; any of the last two
     followed by "+ngram[:N[:K]]" drafts staged (`staged_drafter`: n-gram lookup proposing K
-    tokens a round, 3 by default)."""
+    tokens a round, 3 by default); a hidden-state head followed by "+ngram-tree[:N[:L]]" drafts
+    its tree with n-gram lookup's L tokens (4 by default) as one more branch (`hybrid_drafter`)."""
     spec, staged, second = spec.partition("+")
     if staged:
         kind, _, arg = second.partition(":")
         n, _, k = arg.partition(":")
-        if kind != "ngram" or not (n or "3").isdigit() or not (k or "3").isdigit():
-            raise UserError(f"second drafting stage {second!r}: give ngram[:N[:K]]")
+        if (kind not in ("ngram", "ngram-tree") or not (n or "3").isdigit()
+                or not (k or "3").isdigit()):
+            raise UserError(f"second drafting stage {second!r}: give ngram[:N[:K]] or "
+                            f"ngram-tree[:N[:L]]")
+        if kind == "ngram-tree":
+            return hybrid_drafter(parse_drafter(spec, target), int(n or 3), int(k or 4))
         return staged_drafter(parse_drafter(spec, target), ngram_drafter(int(n or 3)),
                               int(k or 3))
     kind, _, arg = spec.partition(":")

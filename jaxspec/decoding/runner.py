@@ -120,6 +120,19 @@ def _check_tree(tree, drafter):
     return (None if tree.is_chain else tree), tree.size
 
 
+def _with_branch(drafter, tree, gamma: int, auto: bool):
+    """(tree, node count) a drafter that adds a branch of its own (`hybrid.HybridSpec`)
+    verifies: its head's chain of gamma or `tree`, and the branch."""
+    spec = getattr(as_drafter(drafter), "spec", None) if drafter is not None else None
+    if not hasattr(spec, "extend"):
+        return tree, gamma
+    if auto:
+        raise UserError("a head with an n-gram branch drafts a fixed shape: give it gamma or a "
+                        "static tree, not 'auto'")
+    tree = spec.extend(trees.chain(gamma) if tree is None else tree)
+    return tree, tree.size
+
+
 def _auto_costs(target, drafter, gamma_max: int, costs) -> tuple[float, ...]:
     """Step cost of each draft length 0..gamma_max relative to a plain step: given, or measured
     in the decode loop (and cached) for this target and drafter, or one that costs the same
@@ -251,6 +264,7 @@ class Decoder:
                                 "static tree or a chain")
         gamma = gamma_max if auto else gamma
         _check_gamma(gamma, drafter)
+        tree, gamma = _with_branch(drafter, tree, gamma, auto)
         ids = encode_prompts(target, prompts, chat)
         for row in ids:
             check_token_ids([row], target.config.vocab_size)

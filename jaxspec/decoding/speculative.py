@@ -126,9 +126,11 @@ def verify(target_params, config, state: DecodeState, draft_BxN,
     base_B = state.lengths_B - 1
     last_Bx1 = jnp.take_along_axis(state.tokens_BxT, base_B[:, None], axis=1)
     feed_BxN1 = jnp.concatenate([last_Bx1, draft_BxN], axis=1)
+    chain_ = isinstance(tree, Tree) and tree.is_chain  # its slots hold their positions
     logits_BxN1xV, cache, x_BxN1xD = forward(
         target_params, config, feed_BxN1, base_B[:, None] + tree.depth_N1, state.target_cache,
-        features=True, slots_BxS=base_B[:, None] + jnp.arange(N + 1), tree=tree.region(base_B))
+        features=True, slots_BxS=base_B[:, None] + jnp.arange(N + 1),
+        tree=None if chain_ else tree.region(base_B))
     return logits_BxN1xV, cache, x_BxN1xD[..., :state.features_BxTxD.shape[-1]]
 
 
@@ -139,7 +141,7 @@ def accept(key, logits_BxN1xV, draft_BxN, q: DraftProbs | None, sampling: Sampli
     nodes (feed indices path[b, 1:n + 1]; path[b, 0] = 0 is the root) and then the target's.
     Row b drafted only its first gamma_B[b] nodes (all by default); the rest are never accepted.
 
-    Greedy: descend while a child's token is the target's argmax at its parent.
+    Greedy: the deepest node whose path the target's argmax follows (`_accept_greedy`).
     Sampling (Leviathan et al. 2023; Chen et al. 2023; siblings as in SpecInfer, Miao et al.
     2024): r starts as the target's p at the root; try the node's children in rank order,
     accepting child i with probability min(1, r(x_i) / q_i(x_i)) (q_i: what x_i was drawn from,
@@ -153,19 +155,18 @@ def accept(key, logits_BxN1xV, draft_BxN, q: DraftProbs | None, sampling: Sampli
         return _accept_rows(argmax(logits_BxN1xV), draft_BxN, rows.parent_BxN, tree.max_depth)
     tree = chain(N) if tree is None else tree
     gamma_B = jnp.full((B,), N) if gamma_B is None else gamma_B
+    if sampling.greedy:
+        return _accept_greedy(argmax(logits_BxN1xV), draft_BxN, gamma_B, tree)
     k_accept, k_fix = _split(key, 2)
     per_row = key.ndim == 1
     rows_B = jnp.arange(B)
     kids_N1xW = jnp.asarray(tree.children_N1xW)
-    if sampling.greedy:
-        target_BxN1 = argmax(logits_BxN1xV)
-    else:
-        p_BxN1xV = probs(logits_BxN1xV, sampling)
-        r_BxV, fresh_B = p_BxN1xV[:, 0], jnp.ones((B,), bool)  # fresh: r is p, not a residual
-        if N:
-            q_BxN = q.of(draft_BxN)
-            u_BxN = (jax.vmap(lambda k: jax.random.uniform(k, (N,)))(k_accept) if per_row
-                     else jax.random.uniform(k_accept, (B, N)))
+    p_BxN1xV = probs(logits_BxN1xV, sampling)
+    r_BxV, fresh_B = p_BxN1xV[:, 0], jnp.ones((B,), bool)  # fresh: r is p, not a residual
+    if N:
+        q_BxN = q.of(draft_BxN)
+        u_BxN = (jax.vmap(lambda k: jax.random.uniform(k, (N,)))(k_accept) if per_row
+                 else jax.random.uniform(k_accept, (B, N)))
     node_B, live_B, n_B = jnp.zeros((B,), jnp.int32), jnp.ones((B,), bool), 0
     path = [node_B]
     for _ in range(tree.max_depth):
@@ -175,27 +176,20 @@ def accept(key, logits_BxN1xV, draft_BxN, q: DraftProbs | None, sampling: Sampli
             try_B = live_B & ~hit_B & (kid_B >= 0) & (kid_B < gamma_B)
             kid_B = jnp.maximum(kid_B, 0)
             x_B = draft_BxN[rows_B, kid_B]
-            if sampling.greedy:
-                ok_B = try_B & (x_B == target_BxN1[rows_B, node_B])
-            else:
-                q_x_B = q_BxN[rows_B, kid_B]
-                ok_B = try_B & (u_BxN[rows_B, kid_B] * q_x_B < r_BxV[rows_B, x_B]) & (q_x_B > 0)
-                no_B = try_B & ~ok_B
-                r_BxV = jnp.where(no_B[:, None], _normalize(q.residual(r_BxV, kid_B), r_BxV),
-                                  r_BxV)
-                fresh_B &= ~no_B
+            q_x_B = q_BxN[rows_B, kid_B]
+            ok_B = try_B & (u_BxN[rows_B, kid_B] * q_x_B < r_BxV[rows_B, x_B]) & (q_x_B > 0)
+            no_B = try_B & ~ok_B
+            r_BxV = jnp.where(no_B[:, None], _normalize(q.residual(r_BxV, kid_B), r_BxV), r_BxV)
+            fresh_B &= ~no_B
             hit_B |= ok_B
             next_B = jnp.where(ok_B, kid_B + 1, next_B)
         live_B &= hit_B
         node_B, n_B = next_B, n_B + hit_B
         path.append(node_B)
-        if not sampling.greedy:
-            r_BxV = jnp.where(hit_B[:, None], p_BxN1xV[rows_B, node_B], r_BxV)
-            fresh_B |= hit_B
+        r_BxV = jnp.where(hit_B[:, None], p_BxN1xV[rows_B, node_B], r_BxV)
+        fresh_B |= hit_B
     n_B = jnp.zeros((B,), jnp.int32) + n_B
     path_BxD1 = jnp.stack(path, axis=1)
-    if sampling.greedy:
-        return n_B, jnp.take_along_axis(target_BxN1, path_BxD1, axis=1), path_BxD1
     r_BxV = jnp.where(fresh_B[:, None], _normalize(r_BxV, r_BxV), r_BxV)
     fix_B = jax.vmap(sample)(k_fix, r_BxV) if per_row else sample(k_fix, r_BxV)
     padded_BxN1 = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), draft_BxN], axis=1)
@@ -203,6 +197,23 @@ def accept(key, logits_BxN1xV, draft_BxN, q: DraftProbs | None, sampling: Sampli
     emitted_BxD1 = jnp.where(jnp.arange(tree.max_depth + 1) == n_B[:, None], fix_B[:, None],
                              nodes_BxD1)
     return n_B, emitted_BxD1, path_BxD1
+
+
+def _accept_greedy(target_BxN1, draft_BxN, gamma_B, tree: Tree):
+    """Greedy acceptance over a static tree: a node is accepted when its token is the target's
+    argmax at its parent and its parent is accepted; the row keeps its deepest accepted node
+    (the first in feed order among equals), so where two branches begin with the same tokens
+    the longer accepted path wins."""
+    B, N = draft_BxN.shape
+    ok_BxN = ((draft_BxN == target_BxN1[:, tree.parent_N])
+              & (jnp.arange(N) < gamma_B[:, None]))
+    ok_BxN1 = jnp.concatenate([jnp.ones((B, 1), bool), ok_BxN], axis=1)
+    acc_BxN1 = jnp.all(ok_BxN1[:, None, :] | ~tree.ancestors_N1xN1, axis=-1)
+    depth_BxN1 = jnp.where(acc_BxN1, tree.depth_N1, -1)
+    best_B = jnp.argmax(depth_BxN1, axis=1)
+    path_BxD1 = jnp.asarray(tree.path_N1xD1)[best_B]
+    n_B = jnp.max(depth_BxN1, axis=1).astype(jnp.int32)
+    return n_B, jnp.take_along_axis(target_BxN1, path_BxD1, axis=1), path_BxD1
 
 
 def _accept_rows(target_BxN1, draft_BxN, parent_BxN, depth: int):

@@ -72,6 +72,15 @@ class Tree:
             out[k, :len(row)] = row
         return out
 
+    @functools.cached_property
+    def path_N1xD1(self) -> np.ndarray:
+        """[k, d]: feed index k's ancestor at depth d, k itself past its own depth."""
+        out = np.zeros((self.size + 1, self.max_depth + 1), np.int32)
+        for k in range(1, self.size + 1):
+            for j in np.flatnonzero(self.ancestors_N1xN1[k]):
+                out[k, self.depth_N1[j]:] = j
+        return out
+
     @property
     def is_chain(self) -> bool:
         return self.paths == chain(self.size).paths
@@ -186,6 +195,27 @@ def make_tree_paths(choices) -> Tree:
         if len(p) > 1 and p[:-1] not in have:
             raise UserError(f"tree paths are not prefix-closed: {p} has no parent {p[:-1]}")
     return Tree(tuple(sorted(paths, key=lambda p: (len(p), p))))
+
+
+def with_branch(tree: Tree, n: int) -> Tree:
+    """`tree` and a chain of n more nodes under the root, its last-ranked child (`branch`)."""
+    rank = 1 + max(p[0] for p in tree.paths)
+    return make_tree_paths(tree.paths + tuple((rank,) + (0,) * d for d in range(n)))
+
+
+def branch(tree: Tree) -> tuple[Tree, np.ndarray, np.ndarray]:
+    """Split off what `with_branch` added: (the rest of the tree, the node indices of the rest,
+    those of the branch, root to leaf). The branch is the root's last-ranked child and its
+    descendants, which must form a chain."""
+    rank = max(p[0] for p in tree.paths)
+    rest = tuple(p for p in tree.paths if p[0] != rank)
+    chain_ = tuple(p for p in tree.paths if p[0] == rank)
+    if not rest or chain_ != tuple((rank,) + (0,) * d for d in range(len(chain_))):
+        raise UserError(f"tree {tree.paths} has no branch: its last root child must head a "
+                        f"chain beside other nodes")
+    index = {p: i for i, p in enumerate(tree.paths)}
+    return (Tree(rest), np.array([index[p] for p in rest], np.int32),
+            np.array([index[p] for p in chain_], np.int32))
 
 
 def full_tree(widths) -> Tree:

@@ -135,10 +135,13 @@ def write_cache(cache_BxTxKxH, new_BxSxKxH, positions_BxS):
 
 def tree_view(T: int, base_B, depth_M, visible_SxM):
     """How S queries see a cache of T slots whose slots base .. base + M - 1 hold a token tree
-    (slot base + m: position base + depth_M[m]): the position each slot holds [B, T], and which
-    slots each query may see [B, S, T] (outside the tree every slot, by position as usual;
-    inside only those `visible_SxM` marks, e.g. the query's ancestors). A tree of its own per
-    row (a dynamic tree) gives depth [B, M] and visible [B, S, M]."""
+    (slot base + m: position base + depth_M[m]), as (kv_pos [B, T], seen [B, S, T], order
+    [B, S, T]): the position each slot holds, which slots each query may see (outside the tree
+    every slot, by position as usual; inside only those `visible_SxM` marks, e.g. the query's
+    ancestors), and for each query the slots in the order of the positions they hold as that
+    query sees them (`order[b, s, t]`: the slot holding position t, itself outside the tree, T
+    where the query sees no such slot), so it can attend as a chain's query would. A tree of
+    its own per row (a dynamic tree) gives depth [B, M] and visible [B, S, M]."""
     B, M = base_B.shape[0], np.shape(depth_M)[-1]
     S = np.shape(visible_SxM)[-2]
     t_T = jnp.arange(T)
@@ -150,7 +153,14 @@ def tree_view(T: int, base_B, depth_M, visible_SxM):
     kv_pos_BxT = jnp.where(inside_BxT,
                            base_B[:, None] + jnp.take_along_axis(depth_BxM, at_BxT, axis=1), t_T)
     seen_BxSxT = jnp.take_along_axis(visible_BxSxM, at_BxT[:, None, :], axis=2)
-    return kv_pos_BxT, seen_BxSxT | ~inside_BxT[:, None]
+    # The node query s sees at each depth d ([B, S, depth, node]); T (no slot) for none.
+    at_BxSxDxM = visible_BxSxM[:, :, None, :] & (depth_BxM[:, None, None, :]
+                                                 == jnp.arange(M)[:, None])
+    slot_BxSxD = jnp.where(jnp.any(at_BxSxDxM, axis=-1),
+                           base_B[:, None, None] + jnp.argmax(at_BxSxDxM, axis=-1), T)
+    order_BxSxT = jnp.where(inside_BxT[:, None], jnp.take_along_axis(
+        slot_BxSxD, jnp.broadcast_to(at_BxT[:, None], (B, S, T)), axis=2), t_T)
+    return kv_pos_BxT, seen_BxSxT | ~inside_BxT[:, None], order_BxSxT
 
 
 def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, window, view=None):
@@ -160,34 +170,51 @@ def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, wind
     A query at position p sees slots t <= p, and with a sliding `window` (an int, or None)
     only t > p - window (static). `view` (from `tree_view`) gives the slots' positions and a
     visibility mask when the cache holds a token tree; by default slot t holds position t.
+    On CPU up to PER_QUERY_SCORES tree queries each attend over the slots in the order of
+    their positions (`view`'s order): the softmax's sum and the product with the values round
+    by where each term sits, and in the tree's own slot order a query would round unlike the
+    one-position step at its position.
     """
     B, S, N, H = q_BxSxNxH.shape
     K = k_BxTxKxH.shape[2]
     k_BxTxKxH, v_BxTxKxH = values(k_BxTxKxH), values(v_BxTxKxH)
     q = q_BxSxNxH.reshape(B, S, K, N // K, H)
-    if jax.default_backend() == "cpu" and S <= PER_QUERY_SCORES:
+    per_query = jax.default_backend() == "cpu" and S <= PER_QUERY_SCORES
+    if per_query:
         scores = jnp.stack([jnp.einsum("BKGH,BTKH->BKGT", q[:, s], k_BxTxKxH,
                                        preferred_element_type=jnp.float32) for s in range(S)],
                            axis=3) * scale
     else:
         scores = jnp.einsum("BSKGH,BTKH->BKGST", q, k_BxTxKxH,
                             preferred_element_type=jnp.float32) * scale
-    kv_pos_1x1xT = jnp.arange(k_BxTxKxH.shape[1])[None, None, :]
-    if view is not None:
+    T = k_BxTxKxH.shape[1]
+    kv_pos_1x1xT = jnp.arange(T)[None, None, :]
+    if view is not None and per_query:  # slot t of each query's order holds position t
+        order_BxSxT = view[2]
+        scores = jnp.take_along_axis(scores, order_BxSxT[:, None, None], axis=-1,
+                                     mode="fill", fill_value=_MASKED)
+        mask_BxSxT = (kv_pos_1x1xT <= positions_BxS[:, :, None]) & (order_BxSxT < T)
+    elif view is not None:
         kv_pos_1x1xT = view[0][:, None, :]
-    q_pos = positions_BxS[:, :, None]
-    mask_BxSxT = kv_pos_1x1xT <= q_pos
+        mask_BxSxT = (kv_pos_1x1xT <= positions_BxS[:, :, None]) & view[1]
+    else:
+        mask_BxSxT = kv_pos_1x1xT <= positions_BxS[:, :, None]
     if window is not None:
-        mask_BxSxT &= kv_pos_1x1xT > q_pos - window
-    if view is not None:
-        mask_BxSxT &= view[1]
+        mask_BxSxT &= kv_pos_1x1xT > positions_BxS[:, :, None] - window
     scores = jnp.where(mask_BxSxT[:, None, None], scores, _MASKED)
     exp = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
     probs = (exp / ordered_sum(exp)[..., None]).astype(v_BxTxKxH.dtype)
-    out = jnp.einsum("BKGST,BTKH->BSKGH", probs, v_BxTxKxH).reshape(B, S, N * H)
+    if view is not None and per_query:
+        rows_Bx1 = jnp.arange(B)[:, None]
+        out = jnp.concatenate([jnp.einsum(
+            "BKGST,BTKH->BSKGH", probs[:, :, :, s:s + 1],
+            v_BxTxKxH[rows_Bx1, jnp.minimum(order_BxSxT[:, s], T - 1)]) for s in range(S)],
+            axis=1)
+    else:
+        out = jnp.einsum("BKGST,BTKH->BSKGH", probs, v_BxTxKxH)
     # Without the barrier XLA:CPU moves this small transpose onto the output projection's
     # weight and copies [heads, head_dim, embed] every call (a third of a decode step).
-    return jax.lax.optimization_barrier(out)
+    return jax.lax.optimization_barrier(out.reshape(B, S, N * H))
 
 
 def gated_mlp(x_BxSxD, w_gate_DxF, w_up_DxF, w_down_FxD, activation):

@@ -50,24 +50,25 @@ def processed(logits_NxV, s: Sampling):
     return np.array(out_NxV)
 
 
-def conditionals(model, s: Sampling):
+def conditionals(model, s: Sampling, prompt=PROMPT):
     """(p(t1) [V], p(t2 | t1) [V, V]) under the processed distributions."""
-    p1 = processed(jaxspec.score(model, [PROMPT])[:, -1], s)[0]
-    p2 = processed(jaxspec.score(model, [PROMPT + [t] for t in range(V)])[:, -1], s)
+    p1 = processed(jaxspec.score(model, [prompt])[:, -1], s)[0]
+    p2 = processed(jaxspec.score(model, [prompt + [t] for t in range(V)])[:, -1], s)
     return p1, p2
 
 
-def exact_joint(model, s: Sampling):
+def exact_joint(model, s: Sampling, prompt=PROMPT):
     """P[t1, t2] under the processed distributions, and the processed p(t1)."""
-    p1, p2 = conditionals(model, s)
+    p1, p2 = conditionals(model, s, prompt)
     return p1[:, None] * p2, p1
 
 
-def empirical_joint(target, drafter, s: Sampling, gamma, seeds: int = SEEDS, **kw):
+def empirical_joint(target, drafter, s: Sampling, gamma, seeds: int = SEEDS, prompt=PROMPT,
+                    **kw):
     counts = np.zeros((V, V))
     for seed in range(seeds):
         res = jaxspec.speculative_generate(
-            target, drafter, [PROMPT] * ROWS, gamma=gamma, max_new_tokens=2,
+            target, drafter, [prompt] * ROWS, gamma=gamma, max_new_tokens=2,
             temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, seed=100 + seed, **kw)
         toks = np.asarray(res.token_ids)
         assert toks.shape == (ROWS, 2)

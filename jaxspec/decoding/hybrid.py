@@ -1,0 +1,92 @@
+"""A hidden-state head and prompt lookup in one token tree.
+
+Each step the head drafts its chain or tree, and n-gram lookup's continuation of the text enters
+the same tree as one more branch under the root (`trees.with_branch`): the target verifies both
+in one call. Greedy acceptance keeps the deepest accepted node, so where the two branches begin
+alike the longer accepted path wins; sampling applies the sibling rule with the branch's one-hot
+q (its drafts are a function of the text), so the output stays exact either way. Without a match
+the branch repeats the last token, as `NgramSpec.propose` does: verified, rarely accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.decoding.drafters import Drafter, NgramSpec
+from jaxspec.decoding.hidden import _WINDOW, HiddenSpec
+from jaxspec.decoding.sampling import DraftProbs
+from jaxspec.decoding.trees import Tree, branch, with_branch
+from jaxspec.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class HybridSpec:
+    """`head` drafts its shape; `ngram` adds a branch of `length` tokens beside it. The params
+    are the head's."""
+
+    head: HiddenSpec
+    ngram: NgramSpec
+    length: int
+    reads_features = True
+
+    @property
+    def tuned_gamma(self):
+        return self.head.tuned_gamma
+
+    @property
+    def tuned_tree(self):
+        return self.head.tuned_tree
+
+    def validate(self, params, target) -> None:
+        self.head.validate(params, target)
+
+    def init(self, params, tokens_BxT, lengths_B, features_BxTxD):
+        return self.head.init(params, tokens_BxT, lengths_B, features_BxTxD)
+
+    def extend(self, tree: Tree) -> Tree:
+        """The tree the target verifies: the head's (a chain too) and the n-gram branch."""
+        out = with_branch(tree, self.length)
+        if self.head.kind == "eagle" and out.max_depth + 1 > _WINDOW:
+            raise UserError(f"an EAGLE drafter drafts trees up to {_WINDOW - 1} deep; with the "
+                            f"n-gram branch the tree is {out.max_depth} deep")
+        return out
+
+    def propose_tree(self, params, state, tokens_BxT, lengths_B, key, sampling, tree: Tree,
+                     vocab_size, features_BxTxD):
+        rest, rest_N, branch_L = branch(tree)
+        args = (params, state, tokens_BxT, lengths_B, key, sampling)
+        if rest.is_chain:
+            head_BxH, q_head, state = self.head.propose(*args, rest.size, vocab_size,
+                                                        features_BxTxD)
+        else:
+            head_BxH, q_head, state = self.head.propose_tree(*args, rest, vocab_size,
+                                                             features_BxTxD)
+        ngram_BxL, q_ngram, _ = self.ngram.propose({}, (), tokens_BxT, lengths_B, key, sampling,
+                                                   len(branch_L), vocab_size)
+        order = np.argsort(np.concatenate([rest_N, branch_L]))  # back to feed order
+        draft_BxN = jnp.concatenate([head_BxH, ngram_BxL], axis=1)[:, order]
+        if q_head is None:
+            return draft_BxN, None, state
+        K = q_head.probs_BxGxK.shape[-1]
+        probs_BxNxK, ids_BxNxK = (  # the branch's one-hot q, padded to the head's K entries
+            jnp.concatenate([h, jnp.pad(g, [(0, 0), (0, 0), (0, K - 1)])], axis=1)
+            for h, g in ((q_head.probs_BxGxK, q_ngram.probs_BxGxK),
+                         (q_head.ids_BxGxK, q_ngram.ids_BxGxK)))
+        return draft_BxN, DraftProbs(probs_BxNxK[:, order], ids_BxNxK[:, order]), state
+
+
+def hybrid_drafter(head: Drafter, max_ngram: int = 3, length: int = 4) -> Drafter:
+    """`head` (a hidden-state drafter: `load_drafter` of a shipped head) with prompt lookup
+    (`max_ngram`) proposing `length` tokens as a branch of every step's tree."""
+    if not isinstance(head.spec, HiddenSpec):
+        raise UserError(f"an n-gram branch joins a hidden-state head's tree, not "
+                        f"{type(head.spec).__name__}'s (a model drafter takes n-gram lookup "
+                        f"staged: DRAFTER+ngram)")
+    if max_ngram < 1 or length < 1:
+        raise UserError(f"an n-gram branch needs max_ngram >= 1 and length >= 1, got "
+                        f"{max_ngram} and {length}")
+    return Drafter(head.params, HybridSpec(head.spec, NgramSpec(max_ngram), length),
+                   f"{head.name}+ngram-tree:{max_ngram}:{length}", head.tuned_accept)
