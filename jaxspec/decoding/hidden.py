@@ -116,7 +116,7 @@ class HiddenSpec:
         x = L.linear(x, p["fc"])
         rope = L.rope_angles(positions_BxS, L.rope_inv_freq(
             self.config.head_dim, self.config.rope_theta, self.config.rope_scaling))
-        view = None if tree is None else L.tree_view(cache.max_len, *tree)
+        view = None if tree is None else L.tree_view(cache.max_len, *tree, ordered=False)
         h, k, v = _layer(x, p["layer"], cache.keys[0], cache.values[0], positions_BxS, rope,
                          None, self.config, slots_BxS, view)
         # Like the target's own last layer, its output passes the target's final norm.

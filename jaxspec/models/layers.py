@@ -133,14 +133,15 @@ def write_cache(cache_BxTxKxH, new_BxSxKxH, positions_BxS):
         stored(new_BxSxKxH, cache_BxTxKxH.dtype), mode="drop")
 
 
-def tree_view(T: int, base_B, depth_M, visible_SxM):
+def tree_view(T: int, base_B, depth_M, visible_SxM, ordered: bool = True):
     """How S queries see a cache of T slots whose slots base .. base + M - 1 hold a token tree
     (slot base + m: position base + depth_M[m]), as (kv_pos [B, T], seen [B, S, T], order
     [B, S, T]): the position each slot holds, which slots each query may see (outside the tree
     every slot, by position as usual; inside only those `visible_SxM` marks, e.g. the query's
     ancestors), and for each query the slots in the order of the positions they hold as that
     query sees them (`order[b, s, t]`: the slot holding position t, itself outside the tree, T
-    where the query sees no such slot), so it can attend as a chain's query would. A tree of
+    where the query sees no such slot), so it can attend as a chain's query would; None when
+    not `ordered` (a drafter's queries, which need no bit-exactness, skip that cost). A tree of
     its own per row (a dynamic tree) gives depth [B, M] and visible [B, S, M]."""
     B, M = base_B.shape[0], np.shape(depth_M)[-1]
     S = np.shape(visible_SxM)[-2]
@@ -153,6 +154,8 @@ def tree_view(T: int, base_B, depth_M, visible_SxM):
     kv_pos_BxT = jnp.where(inside_BxT,
                            base_B[:, None] + jnp.take_along_axis(depth_BxM, at_BxT, axis=1), t_T)
     seen_BxSxT = jnp.take_along_axis(visible_BxSxM, at_BxT[:, None, :], axis=2)
+    if not ordered:
+        return kv_pos_BxT, seen_BxSxT | ~inside_BxT[:, None], None
     # The node query s sees at each depth d ([B, S, depth, node]); T (no slot) for none.
     at_BxSxDxM = visible_BxSxM[:, :, None, :] & (depth_BxM[:, None, None, :]
                                                  == jnp.arange(M)[:, None])
@@ -189,7 +192,8 @@ def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, wind
                             preferred_element_type=jnp.float32) * scale
     T = k_BxTxKxH.shape[1]
     kv_pos_1x1xT = jnp.arange(T)[None, None, :]
-    if view is not None and per_query:  # slot t of each query's order holds position t
+    ordered = view is not None and per_query and view[2] is not None
+    if ordered:  # slot t of each query's order holds position t
         order_BxSxT = view[2]
         scores = jnp.take_along_axis(scores, order_BxSxT[:, None, None], axis=-1,
                                      mode="fill", fill_value=_MASKED)
@@ -204,7 +208,7 @@ def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, wind
     scores = jnp.where(mask_BxSxT[:, None, None], scores, _MASKED)
     exp = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
     probs = (exp / ordered_sum(exp)[..., None]).astype(v_BxTxKxH.dtype)
-    if view is not None and per_query:
+    if ordered:
         rows_Bx1 = jnp.arange(B)[:, None]
         out = jnp.concatenate([jnp.einsum(
             "BKGST,BTKH->BSKGH", probs[:, :, :, s:s + 1],
