@@ -8,9 +8,8 @@ from typing import Any, Sequence
 
 import yaml
 
+from jaxspec import archs
 from jaxspec.errors import UserError
-
-ARCHS = ("llama", "gemma3")
 
 
 class _Loader(yaml.SafeLoader):
@@ -39,7 +38,7 @@ class RopeScaling:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of a decoder-only transformer (Llama family or Gemma 3)."""
+    """Architecture of a decoder-only transformer; `arch` names its table in `jaxspec.archs`."""
 
     arch: str
     vocab_size: int
@@ -52,7 +51,7 @@ class ModelConfig:
     rms_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
-    # Gemma 3: sliding-window layers use their own rope base and no scaling.
+    # Sliding-window layers (Gemma 3) use their own rope base and no scaling.
     rope_local_theta: float = 10000.0
     sliding_window: int | None = None
     layer_types: tuple[str, ...] = ()  # per layer: "full" or "sliding"; empty means all full
@@ -67,8 +66,7 @@ class ModelConfig:
     pad_token_id: int = 0
 
     def __post_init__(self):
-        if self.arch not in ARCHS:
-            raise UserError(f"unknown architecture {self.arch!r}; jaxspec supports {ARCHS}")
+        archs.get(self.arch)
         for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                      "head_dim", "intermediate_size"):
             if getattr(self, name) <= 0:

@@ -7,13 +7,10 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxspec import archs
 from jaxspec.checkpoints import gguf_reader, hf
-from jaxspec.config import ModelConfig, RopeScaling
+from jaxspec.config import ModelConfig
 from jaxspec.errors import UserError
-
-# llama.cpp permutes q/k rows of these architectures for its interleaved rope.
-_PERMUTED = ("llama", "mistral")
-_LLAMA_LIKE = ("llama", "mistral", "qwen2")
 
 _BLOCK_NAMES = {
     "attn_norm": "input_layernorm",
@@ -31,7 +28,7 @@ _BLOCK_NAMES = {
 }
 
 
-def _hf_name(gguf_name: str, arch: str) -> str | None:
+def _hf_name(gguf_name: str, arch: archs.Arch) -> str | None:
     """GGUF tensor name -> Hugging Face name (None for tensors jaxspec does not use)."""
     top = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
            "output.weight": "lm_head.weight"}
@@ -41,8 +38,8 @@ def _hf_name(gguf_name: str, arch: str) -> str | None:
     if parts[0] != "blk" or len(parts) != 4:
         return None
     _, i, kind, suffix = parts
-    if kind == "ffn_norm":
-        base = "pre_feedforward_layernorm" if arch == "gemma3" else "post_attention_layernorm"
+    if kind == "ffn_norm":  # the norm before the MLP, whatever the architecture calls it
+        base = arch.layer_names["mlp_norm"].removesuffix(".weight")
     elif kind in _BLOCK_NAMES:
         base = _BLOCK_NAMES[kind]
     else:
@@ -79,19 +76,26 @@ def _field(reader, key, default=None):
     return reader.fields.get(key, default)
 
 
+def _arch(reader) -> archs.Arch:
+    name = _field(reader, "general.architecture")
+    arch = archs.for_gguf(name)
+    if arch is None:
+        raise GGUFError(f"unknown GGUF architecture {name!r}: jaxspec loads "
+                        f"{tuple(t for a in archs.ARCHS.values() for t in a.gguf_types)}")
+    return arch
+
+
 def config_from_gguf(reader) -> ModelConfig:
-    arch = _field(reader, "general.architecture")
-    if arch not in _LLAMA_LIKE + ("gemma3",):
-        raise GGUFError(f"unknown GGUF architecture {arch!r}: jaxspec loads "
-                        f"{_LLAMA_LIKE + ('gemma3',)}")
+    arch = _arch(reader)
+    name = _field(reader, "general.architecture")
 
     def g(key, default=None):
-        return _field(reader, f"{arch}.{key}", default)
+        return _field(reader, f"{name}.{key}", default)
 
     def need(key):
         value = g(key)
         if value is None:
-            raise GGUFError(f"GGUF metadata has no {arch}.{key}")
+            raise GGUFError(f"GGUF metadata has no {name}.{key}")
         return value
 
     heads = int(need("attention.head_count"))
@@ -111,7 +115,7 @@ def config_from_gguf(reader) -> ModelConfig:
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     scaling = None
     if g("rope.scaling.type") == "linear":
-        scaling = RopeScaling("linear", float(g("rope.scaling.factor")))
+        scaling = dict(kind="linear", factor=float(g("rope.scaling.factor")))
     common = dict(
         vocab_size=vocab, hidden_size=hidden, num_layers=int(need("block_count")),
         num_heads=heads, num_kv_heads=int(g("attention.head_count_kv", heads)), head_dim=head_dim,
@@ -123,14 +127,7 @@ def config_from_gguf(reader) -> ModelConfig:
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (int(eos),),
         pad_token_id=int(_field(reader, "tokenizer.ggml.padding_token_id", 0)))
-    if arch == "gemma3":
-        window = int(need("attention.sliding_window"))
-        n = common["num_layers"]
-        return ModelConfig(
-            arch="gemma3", **common, rope_local_theta=10000.0, sliding_window=window,
-            layer_types=tuple("full" if (i + 1) % 6 == 0 else "sliding" for i in range(n)),
-            query_scale=head_dim ** -0.5)
-    return ModelConfig(arch="llama", **common, qkv_bias="blk.0.attn_q.bias" in tensors)
+    return ModelConfig.from_dict({**common, **arch.from_gguf(g, need, head_dim, tensors)})
 
 
 def load_gguf(path: str | os.PathLike, dtype=np.float32, progress=None, place=None):
@@ -144,7 +141,8 @@ def load_gguf(path: str | os.PathLike, dtype=np.float32, progress=None, place=No
     path = Path(path)
     reader = _open(path)
     config = config_from_gguf(reader)
-    arch = _field(reader, "general.architecture")
+    arch = _arch(reader)
+    permuted = _field(reader, "general.architecture") in arch.gguf_permuted
     by_name = {name: t for t in reader.tensors if (name := _hf_name(t.name, arch)) is not None}
     done = 0
 
@@ -160,11 +158,11 @@ def load_gguf(path: str | os.PathLike, dtype=np.float32, progress=None, place=No
             raise GGUFError(f"{path}: cannot dequantise tensor {t.name} "
                             f"({t.tensor_type.name}): {e}") from e
         w = w.reshape(tuple(int(d) for d in reversed(t.shape)))
-        if arch in _PERMUTED and name.endswith(("q_proj.weight", "k_proj.weight")):
+        if permuted and name.endswith(("q_proj.weight", "k_proj.weight")):
             n = config.num_heads if "q_proj" in name else config.num_kv_heads
             w = _unpermute(w, n)
-        if arch == "gemma3" and name.endswith("norm.weight"):
-            w = w - 1.0  # llama.cpp stores Gemma's 1 + w; the HF layout holds w
+        if name.endswith("norm.weight"):
+            w = w - arch.norm_offset  # llama.cpp stores the multiplier (Gemma's 1 + w)
         done += 1
         if progress:
             progress(done, len(by_name))

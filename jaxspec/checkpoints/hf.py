@@ -9,44 +9,21 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxspec.config import ModelConfig, RopeScaling
+from jaxspec import archs
+from jaxspec.config import ModelConfig
 from jaxspec.errors import UserError
-
-# jaxspec layer param -> (HF name under model.layers.{i}., kind)
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm.weight",
-    "wq": "self_attn.q_proj.weight",
-    "wk": "self_attn.k_proj.weight",
-    "wv": "self_attn.v_proj.weight",
-    "wo": "self_attn.o_proj.weight",
-    "bq": "self_attn.q_proj.bias",
-    "bk": "self_attn.k_proj.bias",
-    "bv": "self_attn.v_proj.bias",
-    "w_gate": "mlp.gate_proj.weight",
-    "w_up": "mlp.up_proj.weight",
-    "w_down": "mlp.down_proj.weight",
-}
-_LLAMA_NAMES = {**_LAYER_NAMES, "mlp_norm": "post_attention_layernorm.weight"}
-_GEMMA_NAMES = {
-    **_LAYER_NAMES,
-    "q_norm": "self_attn.q_norm.weight",
-    "k_norm": "self_attn.k_norm.weight",
-    "post_attn_norm": "post_attention_layernorm.weight",
-    "mlp_norm": "pre_feedforward_layernorm.weight",
-    "post_mlp_norm": "post_feedforward_layernorm.weight",
-}
+from jaxspec.models.params import layer_params
 
 
 def layer_names(config: ModelConfig) -> dict[str, str]:
-    names = _GEMMA_NAMES if config.arch == "gemma3" else _LLAMA_NAMES
-    if not config.qkv_bias:
-        names = {k: v for k, v in names.items() if k not in ("bq", "bk", "bv")}
-    return names
+    """jaxspec layer param -> its Hugging Face name under model.layers.{i}."""
+    names = archs.get(config.arch).layer_names
+    return {ours: names[ours] for ours in layer_params(config)}
 
 
 def _norm_offset(config: ModelConfig) -> float:
-    """Gemma stores w and multiplies by 1 + w; jaxspec stores the multiplier."""
-    return 1.0 if config.arch == "gemma3" else 0.0
+    """What checkpoints leave out of the norm multiplier jaxspec stores (Gemma's 1 + w)."""
+    return archs.get(config.arch).norm_offset
 
 
 def _to_jax(name: str, w: np.ndarray, c: ModelConfig) -> np.ndarray:
@@ -126,85 +103,29 @@ def hf_state_from_params(params: dict, config: ModelConfig) -> dict[str, np.ndar
     return {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in state.items()}
 
 
-def _rope_scaling(d: dict | None) -> RopeScaling | None:
-    if not d:
-        return None
-    kind = d.get("rope_type", d.get("type", "default"))
-    if kind == "default":
-        return None
-    if kind == "linear":
-        return RopeScaling("linear", float(d["factor"]))
-    if kind == "llama3":
-        return RopeScaling("llama3", float(d["factor"]), float(d["low_freq_factor"]),
-                           float(d["high_freq_factor"]),
-                           int(d["original_max_position_embeddings"]))
-    raise UserError(f"unsupported rope scaling {kind!r}")
-
-
-_LLAMA_TYPES = ("llama", "mistral", "qwen2")
-
-
 def config_from_hf(hf: dict) -> ModelConfig:
     """A transformers config.json dict -> ModelConfig."""
     if "text_config" in hf:  # multimodal wrapper (e.g. Gemma3ForConditionalGeneration)
         hf = {**hf["text_config"], "model_type": hf["text_config"].get("model_type", "gemma3_text")}
-    mtype = hf.get("model_type")
+    arch = archs.for_hf(hf.get("model_type"))
     eos = hf.get("eos_token_id")
     eos = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
     common = dict(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         num_layers=hf["num_hidden_layers"], num_heads=hf["num_attention_heads"],
         num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-        intermediate_size=hf["intermediate_size"],
+        head_dim=head_dim, intermediate_size=hf["intermediate_size"],
         rms_eps=float(hf.get("rms_norm_eps", 1e-6)),
         max_position=hf.get("max_position_embeddings", 8192),
         bos_token_id=hf.get("bos_token_id"), eos_token_ids=eos,
         pad_token_id=hf.get("pad_token_id") or 0,
     )
-    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
-    rope = hf.get("rope_parameters") or {}
-    if mtype in _LLAMA_TYPES:
-        if hf.get("hidden_act", "silu") != "silu":
-            raise UserError(f"unsupported activation {hf['hidden_act']!r} for {mtype}")
-        if mtype == "mistral" and hf.get("sliding_window"):
-            raise UserError("Mistral checkpoints with a sliding window are not supported")
-        if mtype != "qwen2" and (hf.get("attention_bias") or hf.get("mlp_bias")):
-            # Llama's attention_bias also biases o_proj, mlp_bias the MLP: jaxspec has neither.
-            raise UserError(f"{mtype} checkpoints with attention_bias or mlp_bias are not "
-                            f"supported (jaxspec biases q/k/v only, as Qwen2 does)")
-        scaling = rope if "rope_type" in rope else hf.get("rope_scaling")
-        return ModelConfig(
-            arch="llama", head_dim=head_dim, **common,
-            rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-            rope_scaling=_rope_scaling(scaling),
-            tie_embeddings=bool(hf.get("tie_word_embeddings", mtype != "qwen2")),
-            qkv_bias=mtype == "qwen2")
-    if mtype in ("gemma3_text", "gemma3"):
-        full = rope.get("full_attention", {}) if rope else {}
-        local = rope.get("sliding_attention", {}) if rope else {}
-        layer_types = tuple("sliding" if t == "sliding_attention" else "full"
-                            for t in hf.get("layer_types") or ())
-        if not layer_types:
-            pattern = hf.get("sliding_window_pattern", 6)
-            layer_types = tuple("full" if (i + 1) % pattern == 0 else "sliding"
-                                for i in range(hf["num_hidden_layers"]))
-        if hf.get("attention_bias"):
-            raise UserError("Gemma 3 checkpoints with attention_bias are not supported")
-        if hf.get("final_logit_softcapping") or hf.get("attn_logit_softcapping"):
-            raise UserError("logit soft-capping is not supported (Gemma 3 does not use it)")
-        return ModelConfig(
-            arch="gemma3", head_dim=head_dim, **common,
-            rope_theta=float(full.get("rope_theta", hf.get("rope_theta", 1_000_000.0))),
-            rope_scaling=_rope_scaling(full or hf.get("rope_scaling")),
-            rope_local_theta=float(local.get("rope_theta", hf.get("rope_local_base_freq", 10000.0))),
-            sliding_window=hf.get("sliding_window"), layer_types=layer_types,
-            query_scale=float(hf.get("query_pre_attn_scalar", head_dim)) ** -0.5,
-            tie_embeddings=bool(hf.get("tie_word_embeddings", True)))
-    raise UserError(f"unknown architecture {mtype!r}: jaxspec loads {_LLAMA_TYPES} and gemma3")
+    return ModelConfig.from_dict({**common, **arch.from_hf(hf, head_dim)})
 
 
 def hf_config_from_config(c: ModelConfig) -> dict:
-    """ModelConfig -> a config.json that transformers loads as Llama/Gemma3ForCausalLM."""
+    """ModelConfig -> a config.json that transformers loads as its architecture's ForCausalLM."""
     if c.head_vocab_size is not None:
         raise UserError("a reduced-vocabulary head has no Hugging Face equivalent")
     out = {
@@ -217,39 +138,7 @@ def hf_config_from_config(c: ModelConfig) -> dict:
         "eos_token_id": list(c.eos_token_ids) if len(c.eos_token_ids) != 1 else c.eos_token_ids[0],
         "torch_dtype": "float32",
     }
-    scaling = None
-    if c.rope_scaling:
-        s = c.rope_scaling
-        scaling = {"rope_type": s.kind, "factor": s.factor}
-        if s.kind == "llama3":
-            scaling.update(low_freq_factor=s.low_freq_factor, high_freq_factor=s.high_freq_factor,
-                           original_max_position_embeddings=s.original_max_position)
-    if c.arch == "llama":
-        rope = {"rope_type": "default", "rope_theta": c.rope_theta, **(scaling or {})}
-        common = {**out, "hidden_act": "silu", "rope_theta": c.rope_theta,
-                  "rope_scaling": scaling, "rope_parameters": rope}
-        if c.qkv_bias:  # Llama's attention_bias would add an o_proj bias: q/k/v bias is Qwen2
-            return {**common, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
-                    "use_sliding_window": False}
-        return {**common, "model_type": "llama", "architectures": ["LlamaForCausalLM"],
-                "attention_bias": False, "mlp_bias": False}
-    # transformers validates query_pre_attn_scalar as an int.
-    scalar = (c.query_scale or c.head_dim ** -0.5) ** -2
-    if abs(scalar - round(scalar)) > 1e-6 * scalar:
-        raise UserError(f"query_scale={c.query_scale} is not 1/sqrt of an integer, which "
-                        f"Gemma3's query_pre_attn_scalar must be")
-    return {**out, "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"],
-            "hidden_activation": "gelu_pytorch_tanh", "sliding_window": c.sliding_window,
-            "layer_types": ["sliding_attention" if s else "full_attention"
-                            for s in c.sliding_layers],
-            "query_pre_attn_scalar": round(scalar),
-            "rope_theta": c.rope_theta, "rope_local_base_freq": c.rope_local_theta,
-            "rope_scaling": scaling,
-            "rope_parameters": {
-                "full_attention": {"rope_type": "default", "rope_theta": c.rope_theta,
-                                   **(scaling or {})},
-                "sliding_attention": {"rope_type": "default", "rope_theta": c.rope_local_theta}},
-            "final_logit_softcapping": None, "attn_logit_softcapping": None}
+    return archs.get(c.arch).to_hf(c, out)
 
 
 def load_hf_dir(path: str | os.PathLike, dtype=np.float32, progress=None, place=None):

@@ -11,29 +11,39 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxspec import archs
 from jaxspec.config import ModelConfig
 from jaxspec.errors import UserError
+
+_LAYER_AXES = {
+    "attn_norm": ("embed",),
+    "wq": ("embed", "heads", "head_dim"),
+    "wk": ("embed", "kv_heads", "head_dim"),
+    "wv": ("embed", "kv_heads", "head_dim"),
+    "wo": ("heads", "head_dim", "embed"),
+    "bq": ("heads", "head_dim"),
+    "bk": ("kv_heads", "head_dim"),
+    "bv": ("kv_heads", "head_dim"),
+    "q_norm": ("head_dim",),
+    "k_norm": ("head_dim",),
+    "post_attn_norm": ("embed",),
+    "mlp_norm": ("embed",),
+    "w_gate": ("embed", "mlp"),
+    "w_up": ("embed", "mlp"),
+    "w_down": ("mlp", "embed"),
+    "post_mlp_norm": ("embed",),
+}
+
+
+def layer_params(config: ModelConfig) -> tuple[str, ...]:
+    """The names of one layer's params: those of the architecture's table, biases if any."""
+    names = archs.get(config.arch).layer_names
+    return tuple(n for n in names if config.qkv_bias or n not in archs.base.BIASES)
 
 
 def param_axes(config: ModelConfig) -> dict:
     """Logical axis names of every param, as a pytree parallel to the params."""
-    lay = {
-        "attn_norm": ("embed",),
-        "wq": ("embed", "heads", "head_dim"),
-        "wk": ("embed", "kv_heads", "head_dim"),
-        "wv": ("embed", "kv_heads", "head_dim"),
-        "wo": ("heads", "head_dim", "embed"),
-        "mlp_norm": ("embed",),
-        "w_gate": ("embed", "mlp"),
-        "w_up": ("embed", "mlp"),
-        "w_down": ("mlp", "embed"),
-    }
-    if config.qkv_bias:
-        lay.update(bq=("heads", "head_dim"), bk=("kv_heads", "head_dim"),
-                   bv=("kv_heads", "head_dim"))
-    if config.arch == "gemma3":
-        lay.update(q_norm=("head_dim",), k_norm=("head_dim",),
-                   post_attn_norm=("embed",), post_mlp_norm=("embed",))
+    lay = {name: _LAYER_AXES[name] for name in layer_params(config)}
     axes = {"embed": ("vocab", "embed"), "layers": [dict(lay) for _ in range(config.num_layers)],
             "final_norm": ("embed",)}
     if not config.tie_embeddings:

@@ -1,7 +1,8 @@
-"""The forward pass shared by the Llama family and Gemma 3, over a plain param pytree.
+"""The forward pass of every architecture, over a plain param pytree.
 
-Gemma 3 differs from Llama by flags read off the config: scaled embeddings, QK-norm, norms after
-attention and MLP, GeGLU, and interleaved sliding-window layers with their own rope base.
+Architectures differ by the flags of their table (`jaxspec.archs`): scaled embeddings, QK-norm,
+norms after attention and MLP, the MLP's activation; sliding-window layers with their own rope
+base are read off the config.
 """
 
 from __future__ import annotations
@@ -9,15 +10,19 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxspec import archs
 from jaxspec.config import ModelConfig
 from jaxspec.errors import UserError
 from jaxspec.models import layers as L
 from jaxspec.models.cache import KVCache
 
 
+_ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda a: jax.nn.gelu(a, approximate=True)}
+
+
 def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig, slots=None,
            view=None):
-    gemma = config.arch == "gemma3"
+    arch = archs.get(config.arch)
     B, S, D = x.shape
     h = L.rms_norm(x, lp["attn_norm"], config.rms_eps)
     q = L.linear(h, lp["wq"].reshape(D, -1)).reshape(B, S, config.num_heads, config.head_dim)
@@ -25,7 +30,7 @@ def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig
     v = L.linear(h, lp["wv"].reshape(D, -1)).reshape(B, S, config.num_kv_heads, config.head_dim)
     if config.qkv_bias:
         q, k, v = q + lp["bq"][None, None], k + lp["bk"][None, None], v + lp["bv"][None, None]
-    if gemma:
+    if arch.qk_norm:
         q = L.rms_norm(q, lp["q_norm"], config.rms_eps)
         k = L.rms_norm(k, lp["k_norm"], config.rms_eps)
     q, k = L.apply_rope(q, *rope), L.apply_rope(k, *rope)
@@ -35,13 +40,12 @@ def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig
     scale = config.query_scale or config.head_dim ** -0.5
     attn = L.attention(q, k_cache, v_cache, positions, scale, window, view)
     attn = L.linear(attn, lp["wo"].reshape(-1, D))
-    if gemma:
+    if arch.sandwich_norms:
         attn = L.rms_norm(attn, lp["post_attn_norm"], config.rms_eps)
     x = x + attn
     h = L.rms_norm(x, lp["mlp_norm"], config.rms_eps)
-    act = (lambda a: jax.nn.gelu(a, approximate=True)) if gemma else jax.nn.silu
-    mlp = L.gated_mlp(h, lp["w_gate"], lp["w_up"], lp["w_down"], act)
-    if gemma:
+    mlp = L.gated_mlp(h, lp["w_gate"], lp["w_up"], lp["w_down"], _ACTIVATIONS[arch.activation])
+    if arch.sandwich_norms:
         mlp = L.rms_norm(mlp, lp["post_mlp_norm"], config.rms_eps)
     return x + mlp, k_cache, v_cache
 
@@ -66,7 +70,7 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
                          f"slots")
     embed_VxD = params["embed"]
     x = L.embed(embed_VxD, tokens_BxS)  # activations are float32 in every precision
-    if config.arch == "gemma3":
+    if archs.get(config.arch).embed_scale:
         x = x * jnp.asarray(config.hidden_size ** 0.5, x.dtype)
     rope_global = L.rope_angles(positions_BxS, L.rope_inv_freq(
         config.head_dim, config.rope_theta, config.rope_scaling))

@@ -28,12 +28,15 @@ CONFIGS = {
         arch="llama", **{**_BASE, "head_dim": 16}, rope_theta=10000.0,
         rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 32)),
     "qwen2": ModelConfig(arch="llama", **_BASE, tie_embeddings=False, qkv_bias=True),
+    "qwen3": ModelConfig(arch="qwen3", **{**_BASE, "head_dim": 16}, tie_embeddings=False,
+                         rope_theta=1e6),
     "gemma3": ModelConfig(arch="gemma3", **{**_BASE, "num_layers": 3}, rope_theta=1e6,
                           rope_local_theta=100.0, sliding_window=4, query_scale=24 ** -0.5,
                           layer_types=("sliding", "full", "sliding")),
 }
 HF_CLASSES = {"llama": "LlamaForCausalLM", "llama_tied_llama3_rope": "LlamaForCausalLM",
-              "qwen2": "Qwen2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}
+              "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+              "gemma3": "Gemma3ForCausalLM"}
 
 
 def random_params(config, seed=0):

@@ -42,6 +42,11 @@ CASES = {
     "qwen2": (tf.Qwen2Config, tf.Qwen2ForCausalLM, dict(SMALL, tie_word_embeddings=False)),
     "qwen2_tied_mha": (tf.Qwen2Config, tf.Qwen2ForCausalLM,
                        dict(SMALL, num_key_value_heads=4, tie_word_embeddings=True)),
+    # head_dim 16 != hidden / heads (8), as Qwen3's 128 is for most sizes.
+    "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM,
+              dict(SMALL, head_dim=16, tie_word_embeddings=False, rope_theta=1_000_000.0)),
+    "qwen3_tied": (tf.Qwen3Config, tf.Qwen3ForCausalLM,
+                   dict(SMALL, head_dim=8, tie_word_embeddings=True)),
     # Both layer kinds, window 4 < SEQ, distinct rope bases, query_pre_attn_scalar != head_dim.
     "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM,
                dict(SMALL, num_hidden_layers=3, head_dim=16, sliding_window=4,
