@@ -8,11 +8,15 @@ from jaxspec.config import ModelConfig
 from jaxspec.decoding.drafters import layer_skip_drafter, model_drafter, ngram_drafter
 from jaxspec.decoding.hidden import hidden_drafter
 from jaxspec.decoding.hybrid import hybrid_drafter
-from jaxspec.decoding.runner import GenerationResult, generate, speculative_generate
+from jaxspec.decoding.lookahead import lookahead_drafter
+from jaxspec.decoding.api import generate, speculative_generate
+from jaxspec.decoding.runner import GenerationResult
 from jaxspec.decoding.staged import staged_drafter
 from jaxspec.decoding.routing import Router, detect_language
-from jaxspec.loading import Model, load, load_drafter, score
+from jaxspec.loading import load, load_drafter, score
+from jaxspec.models.model import Model
 
 __all__ = ["GenerationResult", "Model", "ModelConfig", "Router", "detect_language", "generate",
            "hidden_drafter", "hybrid_drafter", "layer_skip_drafter", "load", "load_drafter",
-           "model_drafter", "ngram_drafter", "score", "speculative_generate", "staged_drafter"]
+           "lookahead_drafter", "model_drafter", "ngram_drafter", "score",
+           "speculative_generate", "staged_drafter"]

@@ -91,7 +91,7 @@ def cmd_generate(args):
 
 def cmd_bench(args):
     from jaxspec.bench import specbench
-    from jaxspec.bench.questions import read_references
+    from jaxspec.questions import read_references
     from jaxspec.bench.report import report
 
     o = _options(args, {"questions": None, "out_dir": "runs/bench", "max_new_tokens": 64,
@@ -313,7 +313,7 @@ def _add_prompts(p: argparse.ArgumentParser, limit: int, gamma_max: int | None =
 
 def _prompts(o: dict) -> list[str]:
     """The prompts of --prompt or --questions, templated, at most --limit."""
-    from jaxspec.bench.questions import read_questions
+    from jaxspec.questions import read_questions
 
     prompts = o.get("prompt") or [q["turns"][0] for q in read_questions(o["questions"])]
     return [o["template"].format(prompt=p) for p in prompts[:o["limit"]]]

@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -21,29 +21,14 @@ from jaxspec.config import ModelConfig
 from jaxspec.decoding.drafters import Drafter, layer_skip_drafter, model_drafter, ngram_drafter
 from jaxspec.decoding.hidden import hidden_drafter
 from jaxspec.decoding.hybrid import hybrid_drafter
+from jaxspec.decoding.lookahead import lookahead_drafter
 from jaxspec.decoding.staged import staged_drafter
 from jaxspec.errors import UserError
 from jaxspec.files import cache_root
 from jaxspec.models.cache import init_cache
+from jaxspec.models.model import Model
 from jaxspec.models.params import check_params
 from jaxspec.models.transformer import forward
-
-
-@dataclasses.dataclass
-class Model:
-    """A loaded model: frozen config, param pytree, and tokenizer (None for bare random models);
-    `mesh` and `rules` when its params are split over devices (`load(..., mesh=)`, `shard`)."""
-
-    config: ModelConfig
-    params: dict
-    tokenizer: Any = None
-    name: str = ""
-    mesh: Any = None
-    rules: Any = None
-
-    def __post_init__(self):
-        if self.mesh is not None and self.rules is None:
-            self.rules = sharding.RULES
 
 
 def _smollm2_path() -> Path:
@@ -272,7 +257,8 @@ def parse_drafter(spec: str, target: Model) -> Drafter:
     or a saved drafter's name or path, optionally as "drafter:PATH"; any of the last two
     followed by "+ngram[:N[:K]]" drafts staged (`staged_drafter`: n-gram lookup proposing K
     tokens a round, 3 by default); a hidden-state head followed by "+ngram-tree[:N[:L]]" drafts
-    its tree with n-gram lookup's L tokens (4 by default) as one more branch (`hybrid_drafter`)."""
+    its tree with n-gram lookup's L tokens (4 by default) as one more branch (`hybrid_drafter`);
+    "lookahead[:W[:N[:G]]]" is Lookahead decoding (`lookahead_drafter`, 5, 4, 5 by default)."""
     spec, staged, second = spec.partition("+")
     if staged:
         kind, _, arg = second.partition(":")
@@ -290,6 +276,12 @@ def parse_drafter(spec: str, target: Model) -> Drafter:
         return ngram_drafter(int(arg or 3))
     if kind == "layerskip":
         return layer_skip_drafter(target, parse_layers(arg))
+    if kind == "lookahead":
+        wng = arg.split(":") if arg else []
+        if len(wng) > 3 or not all(x.isdigit() for x in wng):
+            raise UserError(f"lookahead takes lookahead[:W[:N[:G]]] (window, n-gram size, "
+                            f"candidates), got {spec!r}")
+        return lookahead_drafter(*map(int, wng))
     return load_drafter(arg if kind == "drafter" else spec, target.params["embed"].dtype, target)
 
 

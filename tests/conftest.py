@@ -25,7 +25,7 @@ def _free_executables():
 
     from jaxspec.decoding import runner
 
-    runner._DECODER.clear()
+    runner.DECODER.clear()
     jax.clear_caches()
     gc.collect()
 
@@ -36,7 +36,7 @@ def _no_acceptance_history():
     measures does not depend on the tests before it."""
     from jaxspec.decoding import runner
 
-    runner._DECODER.acceptance.clear()
+    runner.DECODER.acceptance.clear()
 
 
 @pytest.fixture(scope="session")
@@ -57,8 +57,10 @@ def gemma3():
 
 @pytest.fixture
 def recording(monkeypatch):
-    """recording(name) replaces jaxspec.<name> by a wrapper and returns the list of its results."""
+    """recording(name) replaces jaxspec.<name> (and the `decoding.api` function it is, which
+    the router calls) by a wrapper and returns the list of its results."""
     import jaxspec
+    from jaxspec.decoding import api
 
     def install(name):
         results, real = [], getattr(jaxspec, name)
@@ -68,5 +70,6 @@ def recording(monkeypatch):
             return results[-1]
 
         monkeypatch.setattr(jaxspec, name, record)
+        monkeypatch.setattr(api, name, record)
         return results
     return install

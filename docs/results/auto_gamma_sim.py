@@ -20,7 +20,7 @@ from jaxspec.decoding import plan, speculative
 def record(drafter_name: str, path: str, config: str = "configs/bench/deen_auto.yaml") -> None:
     """Accept lengths at gamma 4 on a bench config's questions, target, precision and template."""
     import jaxspec
-    from jaxspec.bench.questions import read_questions
+    from jaxspec.questions import read_questions
     from jaxspec.config import load_yaml
 
     cfg = load_yaml(config, ["limit=79"])

@@ -46,7 +46,7 @@ def main():
     rows = demo.run()
     total = time.perf_counter() - t0
     out = {"wall_s": round(total, 1), **{k: round(v, 1) for k, v in spent.items()},
-           "compiles": runner._DECODER.compiles,
+           "compiles": runner.DECODER.compiles,
            "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
            "sentences": [{"language": r["language"], "speedup": round(
                r["tokens_per_s"] / r["baseline_tokens_per_s"], 3), "tau": round(r["tau"], 3),

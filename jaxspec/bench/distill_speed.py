@@ -58,14 +58,14 @@ def load_prompts(path: str | None, num: int) -> list[str]:
 
 
 def _fixed(model, ids, batch_size, **kw):
-    from jaxspec.decoding.runner import generate
+    from jaxspec.decoding.api import generate
 
     for start in range(0, len(ids), batch_size):
         yield from generate(model, ids[start:start + batch_size], seed=start, **kw).token_ids
 
 
 def _refill(model, ids, batch_size, *, cache_slots, **kw):
-    from jaxspec.decoding.runner import stream_generate
+    from jaxspec.decoding.api import stream_generate
 
     seeds = np.arange(len(ids))
     for _, tokens in stream_generate(model, ids, seeds, batch_size=batch_size,
@@ -91,7 +91,7 @@ def measure(model, prompts, batch_sizes, modes=("refill",), max_new_tokens: int 
     """One row per (mode, batch size): prompts, tokens, seconds, prompts/s, tokens/s; with
     `profile`, also `ops` (`op_profile.trace` of one more batch of prompts)."""
     from jaxspec.bench import op_profile
-    from jaxspec.decoding.runner import _DECODER, cache_len, encode_prompts
+    from jaxspec.decoding.runner import DECODER, cache_len, encode_prompts
 
     ids = encode_prompts(model, list(prompts), chat)
     slots = cache_len(np.array([len(p) for p in ids]), np.array([max_new_tokens]), 0,
@@ -118,7 +118,7 @@ def measure(model, prompts, batch_sizes, modes=("refill",), max_new_tokens: int 
             if profile and mode != "labels":
                 row["ops"] = op_profile.trace(
                     lambda: list(run(model, ids[:batch_size], batch_size, **kw, **extra)),
-                    _DECODER.hlo_texts)
+                    DECODER.hlo_texts)
                 print(op_profile.format_trace(row["ops"]), file=out, flush=True)
     return rows
 

@@ -11,8 +11,8 @@ import json
 
 import numpy as np
 
-from jaxspec.bench.questions import read_questions
-from jaxspec.decoding.runner import generate
+from jaxspec.questions import read_questions
+from jaxspec.decoding.api import generate
 from jaxspec.loading import load
 
 

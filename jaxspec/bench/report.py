@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from jaxspec.bench.plots import plot_accept_lengths, plot_speedup_vs_gamma, plot_tokens_per_s
-from jaxspec.bench.questions import read_answers
+from jaxspec.questions import read_answers
 from jaxspec.errors import UserError
 
 COLUMNS = ("tokens_per_s", "baseline_tokens_per_s", "speedup", "tau", "identical",

@@ -70,8 +70,8 @@ def response_tokens(cfg: dict, pad_id: int, steps: list[int]) -> dict[int, int]:
 def measure(cfg: dict, questions: str, limit: int, gamma: int, max_new_tokens: int,
             steps: list[int] | None = None) -> list[dict]:
     import jaxspec
-    from jaxspec.bench.questions import read_questions
-    from jaxspec.loading import Model
+    from jaxspec.questions import read_questions
+    from jaxspec.models.model import Model
     from jaxspec.training import recipe
 
     target = recipe.load_target(cfg["target"], cfg.get("dtype", "float32"))

@@ -6,6 +6,7 @@ Methods (`--methods`):
   layerskip:SPEC        the target with layers skipped; SPEC like "10-19" or "3,5,7"
   drafter:PATH          a trained jaxspec drafter (checkpoint dir, HF dir or GGUF)
   ...+ngram[:N[:K]]     layerskip or drafter, drafting staged with n-gram lookup
+  lookahead[:W[:N[:G]]] Lookahead decoding (its own tree: once per temperature)
   hf                    transformers `generate`, PyTorch fp32, on the same weights
   hf-assisted:PATH      transformers assisted generation with that drafter
 Each runs at every gamma (speculative methods) and temperature given. Answer files are appended
@@ -23,11 +24,11 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from jaxspec.bench.questions import append_answer, done_question_ids, read_questions
 from jaxspec.decoding.trees import DynamicTree
 from jaxspec.errors import UserError
+from jaxspec.questions import append_answer, done_question_ids, read_questions
 
-KINDS = ("ar", "ngram", "layerskip", "drafter", "hf", "hf-assisted")
+KINDS = ("ar", "ngram", "layerskip", "drafter", "lookahead", "hf", "hf-assisted")
 SPECULATIVE = ("ngram", "layerskip", "drafter", "hf-assisted")
 
 
@@ -80,7 +81,7 @@ def parse_methods(specs: Sequence[str], gammas: Sequence[int | str],
             raise UserError("hf-assisted does not verify token trees")
         for t in temperatures:
             full = spec.partition(":")[2] or None
-            for g in (gammas if kind in SPECULATIVE else [0]):
+            for g in (gammas if kind in SPECULATIVE else [0]):  # lookahead: its own tree
                 out.append(Method(kind, full, g, float(t)))
             if tree and kind in SPECULATIVE and not staged:
                 out.append(Method(kind, full, 0, float(t), tree if isinstance(tree, DynamicTree)

@@ -18,7 +18,10 @@ and a spec that can draft token trees (trees.py) also
     propose_tree(params, state, tokens_BxT, lengths_B, key, sampling, tree, vocab_size,
                  features_BxTxD) -> draft_BxN, q (per node: what it was drawn from), state
 
-(a chain goes through `propose`).
+(a chain goes through `propose`). A spec with a shape of its own maps the requested tree to the
+one it drafts, `extend(tree) -> tree` (hybrid.py, lookahead.py), and one that learns from the
+target's verification reads its logits at the root and every node after each step,
+`observe(params, state, logits_BxN1xV) -> state` (lookahead.py).
 
 `tokens_BxT` holds each row's text so far in its first `lengths_B` slots. A drafter's cache must
 hold positions [0, length - 2) on entry; on exit it may hold more, since the caller rolls back by

@@ -169,7 +169,8 @@ def _abstract_drafter(spec: str | None, target: ModelConfig, dtype) -> Drafter |
     if kind == "ngram":
         return ngram_drafter(int(arg or 3))
     if kind == "layerskip":
-        from jaxspec.loading import Model, parse_layers
+        from jaxspec.loading import parse_layers
+        from jaxspec.models.model import Model
 
         return layer_skip_drafter(Model(target, _abstract_params(target, dtype)),
                                   parse_layers(arg))

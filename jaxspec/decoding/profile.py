@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.decoding.plan import per_position_acceptance, plan
-from jaxspec.decoding.runner import generate, speculative_generate
+from jaxspec.decoding import runner
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.decoding.speculative import cache_dtype, reads_features
 from jaxspec.errors import UserError
@@ -103,12 +103,13 @@ def loop_ms(target, drafter, G: int, tokens: int = 6, rounds: int = 3) -> list[f
     prompt = [[2 + i % 11 for i in range(16)]]
 
     def call(g: int, n: int):
+        kw = dict(max_new_tokens=n, sampling=Sampling(), seed=0, stop=None, chat=False)
         if g == 0:
-            return generate(target, prompt, max_new_tokens=n)
+            return runner.DECODER(target, None, prompt, gamma=0, **kw)
         forced_G1 = np.full(G + 1, 1e6, np.float32)
         forced_G1[g] = 1.0
-        return speculative_generate(target, drafter, prompt, gamma="auto", gamma_max=G,
-                                    costs=forced_G1, max_new_tokens=n, remember=False)
+        return runner.DECODER(target, drafter, prompt, gamma="auto", gamma_max=G,
+                              costs=forced_G1, remember=False, **kw)
 
     def sample(g: int) -> float:
         short, long = call(g, 1), call(g, tokens)
@@ -229,13 +230,13 @@ def format_profile(r: dict) -> str:
 
 
 def plan_drafter(target, target_name: str, drafter, drafter_name: str, prompts,
-                 gamma_max: int = 8, max_new_tokens: int = 64, **generate_kw):
+                 gamma_max: int = 8, max_new_tokens: int = 64, stop=None, chat: bool = False):
     """`Plan` for `drafter` on `target`: acceptance measured on `prompts` at draft length
     `gamma_max`, step costs measured in the decode loop (cached)."""
     if not 1 <= gamma_max < SIZES[-1]:
         raise UserError(f"gamma_max must be in [1, {SIZES[-1] - 1}], got {gamma_max}")
     costs_G1 = step_costs(target, target_name, drafter, drafter_name, gamma_max)
-    r = speculative_generate(target, drafter, prompts, gamma=gamma_max,
-                             max_new_tokens=max_new_tokens, **generate_kw)
+    r = runner.DECODER(target, drafter, prompts, gamma=gamma_max, max_new_tokens=max_new_tokens,
+                       sampling=Sampling(), seed=0, stop=stop, chat=chat)
     accept_G = per_position_acceptance(r.accept_lengths, gamma_max)
     return plan(accept_G, costs_G1, range(gamma_max + 1))

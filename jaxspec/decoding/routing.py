@@ -33,6 +33,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from jaxspec.decoding import api
 from jaxspec.decoding.drafters import Drafter, as_drafter
 from jaxspec.decoding.runner import GenerationResult, _check_tokenizers
 from jaxspec.errors import UserError
@@ -198,8 +199,6 @@ class Router:
         English), else on the prompts. Rows are grouped by drafter, one call per group (module
         docstring), and results come back in the prompts' order. `kwargs` are
         speculative_generate's; a per-prompt `max_new_tokens` list is split with the rows."""
-        import jaxspec  # through the package, so wrappers of jaxspec.speculative_generate apply
-
         if isinstance(prompts, (str, np.ndarray)) or (
                 prompts and isinstance(prompts[0], (int, np.integer))):
             prompts = [prompts]
@@ -223,7 +222,7 @@ class Router:
             kw = dict(kwargs)
             if per_row_budget:
                 kw["max_new_tokens"] = [kwargs["max_new_tokens"][b] for b in rows]
-            res = jaxspec.speculative_generate(self.target, drafter, [prompts[b] for b in rows],
+            res = api.speculative_generate(self.target, drafter, [prompts[b] for b in rows],
                                                **kw)
             groups.append(RouteGroup(label, rows, res))
             for j, b in enumerate(rows):

@@ -1,4 +1,5 @@
-"""Host side of decoding: prompts -> padded buckets -> one compiled call -> results."""
+"""Host side of decoding: prompts -> padded buckets -> one compiled call -> results (`DECODER`);
+the public functions over it are in `api`."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import collections
 import dataclasses
 import math
 import time
-from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -121,27 +121,32 @@ def _check_tree(tree, drafter):
 
 
 def _with_branch(drafter, tree, gamma: int, auto: bool):
-    """(tree, node count) a drafter that adds a branch of its own (`hybrid.HybridSpec`)
-    verifies: its head's chain of gamma or `tree`, and the branch."""
+    """(tree, node count) a drafter with a shape of its own verifies (`extend`): a head's chain of
+    gamma or `tree` with an n-gram branch (`hybrid.HybridSpec`), Lookahead's tree."""
     spec = getattr(as_drafter(drafter), "spec", None) if drafter is not None else None
     if not hasattr(spec, "extend"):
         return tree, gamma
     if auto:
-        raise UserError("a head with an n-gram branch drafts a fixed shape: give it gamma or a "
-                        "static tree, not 'auto'")
+        check_auto(drafter)
     tree = spec.extend(trees.chain(gamma) if tree is None else tree)
     return tree, tree.size
 
 
-def _auto_costs(target, drafter, gamma_max: int, costs) -> tuple[float, ...]:
-    """Step cost of each draft length 0..gamma_max relative to a plain step: given, or measured
-    in the decode loop (and cached) for this target and drafter, or one that costs the same
-    (`cost_key`), on this machine."""
-    if costs is None:
-        from jaxspec.decoding import profile  # profile runs decoding: import when used
+def check_auto(drafter) -> None:
+    """Refuse gamma="auto" for a drafter whose shape is fixed (a head with an n-gram branch,
+    Lookahead)."""
+    spec = getattr(as_drafter(drafter), "spec", None) if drafter is not None else None
+    if hasattr(spec, "extend"):
+        raise UserError(f"{type(spec).__name__} drafts a fixed shape: give it gamma or a static "
+                        f"tree (or neither), not 'auto'")
 
-        key = getattr(drafter.spec, "cost_key", None) or drafter.name
-        costs = profile.step_costs(target, target.name, drafter, key, gamma_max)
+
+def _check_costs(costs, gamma_max: int) -> tuple[float, ...]:
+    """Step cost of each draft length 0..gamma_max relative to a plain step (`api` measures them
+    when the caller gives none)."""
+    if costs is None:
+        raise UserError("gamma='auto' needs the step costs of each draft length "
+                        "(jaxspec.speculative_generate measures them)")
     costs = tuple(float(c) for c in costs)
     if len(costs) != gamma_max + 1 or min(costs) <= 0:
         raise UserError(f"costs must be {gamma_max + 1} positive step costs (draft lengths "
@@ -283,7 +288,7 @@ class Decoder:
             drafter.spec.validate(drafter.params, target)
         stop_data, stop_strings = stops.tables(target, stop)
         statics = dict(config=target.config, gamma=gamma, sampling=sampling, tree=tree)
-        costs_G1 = _auto_costs(target, drafter, gamma, costs) if auto else None
+        costs_G1 = _check_costs(costs, gamma) if auto else None
         if auto and _never_drafts(costs_G1, drafter.tuned_accept):
             drafter, costs_G1, statics = None, None, {**statics, "gamma": 0}
         args = (target.params, drafter and drafter.bare,
@@ -476,71 +481,4 @@ def decode_text(model, token_ids, stop_strings: tuple[str, ...] = ()) -> str:
     return tok.decode(token_ids, skip_special_tokens=True)
 
 
-_DECODER = Decoder()
-
-
-def stream_generate(model, prompts, seeds=None, *, batch_size: int = 8,
-                    max_new_tokens: int = 64, temperature: float = 0.0, top_k: int | None = None,
-                    top_p: float | None = None, stop=None, chat: bool = False,
-                    refill_size: int | None = None, max_steps: int = 64,
-                    cache_slots: int | None = None):
-    """Continuous batching: yields (prompt index, new token ids) as rows finish (see
-    `Decoder.stream`). Each row's tokens equal those of `generate` on that prompt alone when
-    greedy; sampled rows use their own keys (`seeds`, one uint32 per prompt), so the output does
-    not depend on `batch_size`."""
-    ids = encode_prompts(model, prompts, chat)
-    return _DECODER.stream(model, ids, seeds, batch_size=batch_size,
-                           max_new_tokens=max_new_tokens,
-                           sampling=Sampling(temperature, top_k, top_p), stop=stop,
-                           refill_size=refill_size, max_steps=max_steps, cache_slots=cache_slots)
-
-
-def generate(model, prompts, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
-             top_k: int | None = None, top_p: float | None = None, seed: int = 0, stop=None,
-             chat: bool = False) -> GenerationResult:
-    """Autoregressive decoding: prefill, then one `lax.while_loop` of one token per step.
-
-    stop: a string, a token id, or a list of them; the model's end-of-sequence ids always stop.
-    A row ends at the token whose text completes a stop string (inside the token or spelled over
-    several, in the generated text only): its ids end with that token, its text just before the
-    string."""
-    return _DECODER(model, None, prompts, gamma=0, max_new_tokens=max_new_tokens,
-                    sampling=Sampling(temperature, top_k, top_p), seed=seed, stop=stop, chat=chat)
-
-
-def speculative_generate(target, drafter, prompts, gamma: int | str | None = None,
-                         max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
-                         top_k: int | None = None, top_p: float | None = None, seed: int = 0,
-                         stop=None, chat: bool = False, gamma_max: int = 4,
-                         costs: Sequence[float] | None = None, tree=None,
-                         remember: bool = True) -> GenerationResult:
-    """Speculative decoding: `drafter` (a jaxspec Model or a Drafter from `layer_skip_drafter`,
-    `ngram_drafter`, `model_drafter`) proposes `gamma` tokens, the target verifies them in one
-    call, and each row keeps what it accepts. Greedy output equals `generate`'s; sampled output
-    has exactly the target's distribution.
-
-    gamma="auto": each row picks its draft length (0 to `gamma_max`) every step from its
-    acceptance so far and the cost model (`costs`: the step cost of each length relative to a
-    plain step; by default measured by `jaxspec profile` and cached). Rows start from what
-    earlier calls in this process measured of the same drafter, target and sampling, per draft
-    position (`plan.AcceptanceMemory`), and this call's counts are added to it; remember=False
-    starts from the prior alone and leaves the history as it was.
-
-    tree: instead of a chain of gamma, each step drafts a token tree, given as Medusa/EAGLE
-    "choices" (paths of candidate ranks, e.g. [(0,), (1,), (0, 0), (0, 1), (1, 0)]) or a
-    `trees.Tree`, and the target verifies all its nodes in one call (greedy and sampled output
-    stay exact). The model, layer-skip, n-gram, Medusa, Hydra and EAGLE drafters draft trees.
-    An EAGLE head also drafts EAGLE-2's dynamic trees, a shape per row and step (greedy):
-    "dynamic:BUDGET[:DEPTH[:WIDTH]]" or a `trees.DynamicTree`.
-    With neither gamma nor tree, a trained drafter's tuned tree, else its tuned gamma, else 4."""
-    if drafter is None:
-        raise UserError("speculative_generate needs a drafter; use generate without one")
-    if tree is not None and gamma is not None:
-        raise UserError("give gamma (a chain) or tree, not both")
-    if gamma is None and tree is None:
-        spec = getattr(drafter, "spec", None)
-        tree = getattr(spec, "tuned_tree", None)
-        gamma = None if tree is not None else getattr(spec, "tuned_gamma", None) or 4
-    return _DECODER(target, drafter, prompts, gamma=gamma, max_new_tokens=max_new_tokens,
-                    sampling=Sampling(temperature, top_k, top_p), seed=seed, stop=stop, chat=chat,
-                    gamma_max=gamma_max, costs=costs, tree=tree, remember=remember)
+DECODER = Decoder()

@@ -25,7 +25,8 @@ import numpy as np
 
 from jaxspec.decoding.drafters import layer_skip_drafter
 from jaxspec.decoding.plan import plan, step_cost
-from jaxspec.decoding.runner import encode_prompts, generate
+from jaxspec.decoding.api import generate
+from jaxspec.decoding.runner import encode_prompts
 from jaxspec.decoding.sampling import argmax
 from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache
@@ -160,7 +161,7 @@ def measure(model, skip, gamma: int, prompts, max_new_tokens: int, repeats: int 
             **generate_kw) -> tuple[float, float]:
     """(speedup, tau) of the layer-skip drafter over plain decoding, greedy, one prompt at a
     time; each method's time is the fastest of `repeats` passes, taken in turn."""
-    from jaxspec.decoding.runner import speculative_generate
+    from jaxspec.decoding.api import speculative_generate
 
     drafter = layer_skip_drafter(model, skip)
     plain = lambda p: generate(model, [p], max_new_tokens=max_new_tokens, **generate_kw)  # noqa

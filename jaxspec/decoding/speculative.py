@@ -361,6 +361,8 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
                 sampling, t, vocab, state.features_BxTxD)
         logits_BxG1xV, cache, feats_BxG1xD = verify(target_params, config, state, draft_BxG,
                                                     t if rows is None else rows)
+        if g and hasattr(drafter.spec, "observe"):  # a drafter that reads the verify pass
+            dstate = drafter.spec.observe(drafter.params, dstate, logits_BxG1xV)
         n_B, emitted_BxD1, path_BxD1 = accept(k_accept, logits_BxG1xV, draft_BxG, q, sampling,
                                               gamma_B, t, rows)
         feats_BxD1xD = jnp.take_along_axis(feats_BxG1xD, path_BxD1[..., None], axis=1)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from jaxspec.decoding.runner import generate
+from jaxspec.decoding.api import generate
 from jaxspec.errors import UserError
 from jaxspec.files import read_jsonl
 
@@ -82,7 +82,7 @@ def _str(x) -> str:
 
 def read_specbench(path: str | Path) -> list[dict]:
     """First turn of each question of a Spec-Bench `question.jsonl`, as prompts."""
-    from jaxspec.bench.questions import read_questions
+    from jaxspec.questions import read_questions
 
     return [{"prompt": q["turns"][0]} for q in read_questions(path)]
 

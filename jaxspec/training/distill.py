@@ -28,7 +28,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from jaxspec.decoding import stops
-from jaxspec.decoding.runner import cache_len, decode_text, encode_prompts, stream_generate
+from jaxspec.decoding.api import stream_generate
+from jaxspec.decoding.runner import cache_len, decode_text, encode_prompts
 from jaxspec.errors import UserError
 from jaxspec.files import read_jsonl, write_atomic
 

@@ -22,6 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from jaxspec.decoding.hidden import HiddenSpec
+from jaxspec.decoding.sampling import argmax
 from jaxspec.errors import UserError
 from jaxspec.files import write_atomic
 from jaxspec.models.cache import init_cache
@@ -118,23 +119,10 @@ def _features_fn(c, labels: bool, bucket: int):
         C = -(-S // bucket)
         x_BxCbxD = jnp.pad(x_BxSxD, ((0, 0), (0, C * bucket - S), (0, 0)))
         x_CxBxbxD = x_BxCbxD.reshape(B, C, bucket, -1).swapaxes(0, 1)
-        ids_CxBxb = jax.lax.map(lambda x: greedy_ids(output_head(p, c, x)), x_CxBxbxD)
+        ids_CxBxb = jax.lax.map(lambda x: argmax(output_head(p, c, x)), x_CxBxbxD)
         return x_BxSxD.astype(jnp.bfloat16), ids_CxBxb.swapaxes(0, 1).reshape(B, -1)[:, :S]
 
     return fwd
-
-
-def greedy_ids(logits_xV, group: int = 512):
-    """`jnp.argmax` over the last axis (the first of equal maxima), in two levels: the best
-    group of `group` ids, then the best id in it. XLA:CPU runs a variadic argmax reduction over
-    262,144 logits several times slower than a max (over the output head of Gemma 3, an argmax
-    took longer than the product itself)."""
-    V = logits_xV.shape[-1]
-    G = group if V % group == 0 else V
-    g_xNxG = logits_xV.reshape(*logits_xV.shape[:-1], V // G, G)
-    n_x = jnp.argmax(jnp.max(g_xNxG, -1), -1)
-    best_xG = jnp.take_along_axis(g_xNxG, n_x[..., None, None], axis=-2)[..., 0, :]
-    return (n_x * G + jnp.argmax(best_xG, -1)).astype(jnp.int32)
 
 
 def _save(path: Path, array: np.ndarray) -> None:

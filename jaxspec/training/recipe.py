@@ -85,7 +85,8 @@ def check_config(cfg: dict) -> None:
 def load_target(spec, dtype: str = "float32"):
     """A registered name or path through `jaxspec.load` (weights in `dtype`), or {random: {...},
     seed}: a random model with the byte tokenizer (tests, notebooks)."""
-    from jaxspec.loading import Model, load
+    from jaxspec.loading import load
+    from jaxspec.models.model import Model
 
     if isinstance(spec, str):
         return load(spec, dtype=dtype)

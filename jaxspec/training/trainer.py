@@ -27,9 +27,10 @@ import optax
 
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.drafters import model_drafter
-from jaxspec.decoding.runner import speculative_generate
+from jaxspec.decoding.api import speculative_generate
 from jaxspec.errors import UserError
-from jaxspec.loading import Model, forward_logits
+from jaxspec.loading import forward_logits
+from jaxspec.models.model import Model
 from jaxspec import sharding as shd
 from jaxspec.training.data import Batches
 from jaxspec.training.losses import loss_fn_by_name

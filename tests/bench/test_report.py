@@ -205,7 +205,7 @@ def test_chrf_bleu_without_sacrebleu_says_how_to_install(monkeypatch):
 
 
 def test_report_scores_quality_against_references(tmp_path):
-    from jaxspec.bench.questions import read_references
+    from jaxspec.questions import read_references
 
     def texts(records, words):
         return [{**r, "choices": [{**r["choices"][0],
@@ -231,7 +231,7 @@ def test_report_scores_quality_against_references(tmp_path):
 
 
 def test_references_file_errors_name_the_line(tmp_path):
-    from jaxspec.bench.questions import read_references
+    from jaxspec.questions import read_references
 
     f = tmp_path / "refs.jsonl"
     f.write_text('{"question_id": 1, "reference": "a"}\n{"question_id": 2}\n')

@@ -168,7 +168,7 @@ def test_bench_writes_answers_and_report(tiny_model, questions, tmp_path, capsys
     run_dir = out_dir / f"{tiny_model.name}-bfloat16"
     answers = {p.stem: p for p in run_dir.glob("*.jsonl")}
     assert set(answers) == {"ar-t0", "ngram-2-g4-t0", "layerskip-1-g4-t0"}
-    from jaxspec.bench.questions import read_answers
+    from jaxspec.questions import read_answers
 
     for name, path in answers.items():
         records = read_answers(path)

@@ -23,7 +23,8 @@ from jaxspec import sharding
 from jaxspec.decoding import hidden, speculative
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.errors import UserError
-from jaxspec.loading import Model, shard
+from jaxspec.loading import shard
+from jaxspec.models.model import Model
 from jaxspec.models.params import param_shapes
 
 LLAMA = jaxspec.ModelConfig(arch="llama", vocab_size=64, hidden_size=32, num_layers=2,

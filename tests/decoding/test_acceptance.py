@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding import speculative
+from jaxspec.decoding import sampling, speculative
 from jaxspec.decoding.drafters import NgramSpec
 from jaxspec.decoding.sampling import DraftProbs, Sampling, pick, probs
 
@@ -248,3 +248,13 @@ def test_pick_greedy_is_argmax():
     tok, dist = pick(jax.random.key(0), jnp.asarray([[0.0, 3.0, 1.0], [2.0, 0.0, 1.0]]),
                      Sampling(0.0))
     assert tok.tolist() == [1, 0] and dist is None
+
+
+def test_two_level_argmax_is_argmax_with_its_ties():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(3, 5, 2048)).astype(np.float32)
+    logits[0, 0, [700, 1500]] = 9.0  # a tie across blocks: the first wins
+    logits[1, 2, [10, 11]] = 9.0  # a tie inside a block
+    for v in (2048, 300, 1500):  # whole blocks, one block, a vocabulary not a multiple of them
+        np.testing.assert_array_equal(sampling.argmax(jnp.asarray(logits[..., :v]), block=512),
+                                      np.argmax(logits[..., :v], -1))

@@ -65,7 +65,7 @@ def test_a_drafter_the_prior_never_picks_is_not_run(target, far_model, plain, mo
         raise AssertionError("the drafter ran")
 
     monkeypatch.setattr(drafters.ModelSpec, "init", refuse)
-    runner._DECODER.clear()  # earlier tests compiled these calls: trace them again
+    runner.DECODER.clear()  # earlier tests compiled these calls: trace them again
     jax.clear_caches()
     res = jaxspec.speculative_generate(target, far_model, PROMPTS, gamma="auto", gamma_max=4,
                                        costs=STEEP, max_new_tokens=[24, 17, 30])
@@ -84,7 +84,7 @@ def test_a_call_starts_from_what_earlier_calls_measured(target, far_model, plain
     kw = dict(gamma="auto", gamma_max=4, costs=FLAT, max_new_tokens=[24, 17, 30])
     drafts = lambda r: sum(d > 0 for row in r.draft_lengths for d in row)
     counts = lambda: {k: [c.tolist() for c in v]
-                      for k, v in runner._DECODER.acceptance._counts.items()}
+                      for k, v in runner.DECODER.acceptance._counts.items()}
     cold = jaxspec.speculative_generate(target, far_model, PROMPTS, remember=False, **kw)
     assert counts() == {}
     first = jaxspec.speculative_generate(target, far_model, PROMPTS, **kw)

@@ -20,20 +20,20 @@ def model(tiny):
 
 def test_prompt_lengths_compile_once(model):
     """Lengths 5, 20, 40 and 100, other budgets and seeds: one compiled decode function."""
-    n0 = runner._DECODER.compiles
+    n0 = runner.DECODER.compiles
     outs = [jaxspec.generate(model, [[i % 60 + 1 for i in range(n)]], max_new_tokens=m, seed=s)
             for n, m, s in ((5, 8, 0), (20, 30, 1), (40, 8, 2), (100, 12, 3))]
-    assert runner._DECODER.compiles == n0 + 1
+    assert runner.DECODER.compiles == n0 + 1
     assert [len(o.token_ids[0]) for o in outs] == [8, 30, 8, 12]
     assert outs[0].compile_time_s > 0 and outs[1].compile_time_s < outs[0].compile_time_s
 
 
 def test_batch_pads_to_a_power_of_two(model):
-    n0 = runner._DECODER.compiles
+    n0 = runner.DECODER.compiles
     three = jaxspec.generate(model, [[5], [6, 7], [8, 9, 10]], max_new_tokens=[4, 5, 6])
     four = jaxspec.generate(model, [[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 9, 7, 9], [2, 7, 1], [8],
                                     [2, 8, 1, 8]], max_new_tokens=[5, 9, 20, 2], seed=6)
-    assert runner._DECODER.compiles == n0 + 1
+    assert runner.DECODER.compiles == n0 + 1
     assert [len(t) for t in three.token_ids] == [4, 5, 6]  # padded rows are not returned
     assert [len(t) for t in four.token_ids] == [5, 9, 20, 2]
 
@@ -41,10 +41,10 @@ def test_batch_pads_to_a_power_of_two(model):
 def test_speculative_reuses_the_compiled_function(model):
     jaxspec.speculative_generate(model, jaxspec.ngram_drafter(2), [[1, 2, 1, 2, 1]], gamma=3,
                                  max_new_tokens=8)
-    n = runner._DECODER.compiles
+    n = runner.DECODER.compiles
     jaxspec.speculative_generate(model, jaxspec.ngram_drafter(2), [[7, 3, 3, 7, 3, 3] * 9],
                                  gamma=3, max_new_tokens=20, seed=1)
-    assert runner._DECODER.compiles == n
+    assert runner.DECODER.compiles == n
 
 
 def test_executables_are_bounded(model):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding import runner, speculative, stops
+from jaxspec.decoding import api, runner, speculative, stops
 from jaxspec.decoding.hidden import head_params, hidden_drafter
 from jaxspec.errors import UserError
 from jaxspec.training import data
@@ -104,7 +104,7 @@ def test_multi_token_strings_in_every_mode(smollm2, smol_want):
 
 
 def test_continuous_batching_stops_the_same(smollm2, smol_want):
-    out = dict(runner.stream_generate(smollm2, SMOL_PROMPTS, batch_size=2, max_new_tokens=12,
+    out = dict(api.stream_generate(smollm2, SMOL_PROMPTS, batch_size=2, max_new_tokens=12,
                                       stop=SMOL_STOPS))
     assert [out[i] for i in range(2)] == [list(w[0]) for w in smol_want]
 

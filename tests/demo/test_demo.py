@@ -16,11 +16,11 @@ def test_demo_translates_five_languages_identically_to_greedy(capsys, monkeypatc
     spec = recording("speculative_generate")
     from jaxspec.decoding import runner
 
-    before = runner._DECODER.compiles
+    before = runner.DECODER.compiles
     main(["demo", "max_new_tokens=12", "repeats=2"])
     # One plain and one speculative executable serve every call, the five heads' included
     # (their params and step costs are data), and gamma auto's step-cost profile runs on them.
-    assert runner._DECODER.compiles - before == 2
+    assert runner.DECODER.compiles - before == 2
     out = capsys.readouterr().out
     assert [r["language"] for r in rows] == list(demo.SENTENCES)
     assert len(greedy) == len(spec) == 2 * len(rows)  # each sentence twice each way

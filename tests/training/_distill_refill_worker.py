@@ -11,7 +11,7 @@ import time
 import jax
 
 from jaxspec.config import ModelConfig
-from jaxspec.loading import Model
+from jaxspec.models.model import Model
 from jaxspec.models.params import init_params
 from jaxspec.training import data, distill
 

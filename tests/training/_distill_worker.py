@@ -8,7 +8,7 @@ import argparse
 import time
 
 from jaxspec.config import ModelConfig
-from jaxspec.loading import Model
+from jaxspec.models.model import Model
 from jaxspec.training import data, distill
 
 PROMPTS = [f"Translate German to English:Satz Nummer {i}." for i in range(20)]

@@ -21,7 +21,7 @@ import numpy as np
 
 from jaxspec.config import ModelConfig
 from jaxspec.decoding import hidden
-from jaxspec.loading import Model
+from jaxspec.models.model import Model
 from jaxspec.models.params import param_shapes
 from jaxspec import sharding
 from jaxspec.training import data, heads, trainer

@@ -7,7 +7,7 @@ import pytest
 
 import jaxspec
 from jaxspec.config import ModelConfig
-from jaxspec.loading import Model
+from jaxspec.models.model import Model
 from jaxspec.models.params import init_params
 from jaxspec.training import data, distill
 

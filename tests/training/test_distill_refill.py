@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding import runner
+from jaxspec.decoding import api, runner
 from jaxspec.training import distill
 
 
@@ -28,7 +28,7 @@ def target(worker):
 def decoder(monkeypatch):
     """A fresh decoder for `distill`, so its compilations can be counted from zero."""
     fresh = runner.Decoder()
-    monkeypatch.setattr(runner, "_DECODER", fresh)
+    monkeypatch.setattr(runner, "DECODER", fresh)
     return fresh
 
 
@@ -71,7 +71,7 @@ def test_stream_is_independent_of_batch_and_refill_sizes(worker, target):
     seeds = np.arange(len(worker.PROMPTS)) * 7919
     runs = []
     for batch_size, refill_size, max_steps in ((2, 1, 1), (16, 3, 4)):
-        stream = runner.stream_generate(target, worker.PROMPTS, seeds, batch_size=batch_size,
+        stream = api.stream_generate(target, worker.PROMPTS, seeds, batch_size=batch_size,
                                         max_new_tokens=16, temperature=1.0, stop=worker.STOP,
                                         refill_size=refill_size, max_steps=max_steps)
         runs.append(dict(stream))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxspec.bench.questions import read_questions
+from jaxspec.questions import read_questions
 from jaxspec.config import load_yaml
 
 ROOT = Path(__file__).parents[2]

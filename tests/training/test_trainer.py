@@ -10,7 +10,7 @@ import optax
 import pytest
 from jax.sharding import AbstractMesh
 
-from jaxspec.loading import Model
+from jaxspec.models.model import Model
 from jaxspec import sharding
 from jaxspec.training import data, losses, trainer
 

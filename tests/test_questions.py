@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from jaxspec.bench.questions import (
+from jaxspec.questions import (
     append_answer,
     done_question_ids,
     read_answers,
