@@ -47,12 +47,12 @@ def make_router(model, target: str, drafter: str | None = None):
 def run(target: str = "gemma3-270m", drafter: str | None = None, gamma: int | str = "auto",
         max_new_tokens: int = 48, out=None, dtype: str = "bfloat16",
         repeats: int = 3, quick: bool = False) -> list[dict]:
-    """bfloat16 weights by default: on CPU they make verifying several positions cost about
-    what one does (README, "Results"); "identical" compares with greedy decoding of the same
-    weights. gamma "auto" lets each step pick its draft length from the cost model. Each
-    sentence is decoded `repeats` times each way, in turn; tokens/s is from the fastest. Every
-    run starts without gamma auto's history (`remember=False`): a repeat does not learn from
-    the one before it on the same sentence. `quick`: each sentence once each way, then the
+    """bfloat16 weights by default: on CPU they make verifying several positions cost about what
+    one does (`docs/results/verification-cost.md`); "identical" compares with greedy decoding of
+    the same weights. gamma "auto" lets each step pick its draft length from the cost model.
+    Each sentence is decoded `repeats` times each way, in turn; tokens/s is from the fastest.
+    Every run starts without gamma auto's history (`remember=False`): a repeat does not learn
+    from the one before it on the same sentence. `quick`: each sentence once each way, then the
     other embedded model (SmolLM2, n-gram lookup) on the German sentence: every model and
     drafter the main job needs, loaded and checked (CI's check of a fresh install)."""
     import jaxspec

@@ -53,7 +53,7 @@ def _gemma3_path() -> Path:
     return pkg.assemble(out)
 
 
-DRAFTERS = Path(__file__).resolve().parent / "drafters"  # shipped drafters (package data)
+DRAFTERS = Path(__file__).resolve().parent / "weights"  # shipped drafters (package data)
 
 
 def _shipped(name: str) -> Callable[[], Path]:
@@ -66,7 +66,7 @@ def _shipped(name: str) -> Callable[[], Path]:
 
 
 # Drafters shipped inside the package, per target and source language (ISO 639-1): the name
-# "<target>-<lang>en-drafter" is the directory drafters/<target>-<lang>en.
+# "<target>-<lang>en-drafter" is the directory weights/<target>-<lang>en.
 SHIPPED: dict[str, dict[str, str]] = {
     "gemma3-270m": {lang: f"gemma3-270m-{lang}en-drafter"
                     for lang in ("de", "fr", "ja", "ru", "zh")},

@@ -55,24 +55,28 @@ class LookaheadSpec:
                             "candidates): give it neither gamma nor tree")
         return tree
 
+    @staticmethod
+    def _window_path(column: int, level: int) -> tuple[int, ...]:
+        """Rank-0 steps down level 0 to the column, then a rank-1 step and rank-0 steps up it."""
+        return (0,) * (column + 1) + ((1,) + (0,) * (level - 1) if level else ())
+
     def _paths(self):
-        """Column i's level l: rank-0 steps down level 0, then a rank-1 step and rank-0 steps up
-        the column; candidate g: rank g + 1 under the root, then rank-0 steps."""
+        """The window's columns level by level; candidate g: rank g + 1 under the root, then
+        rank-0 steps."""
         W, L = self.window, self.ngram - 1
         for i in range(W):
-            for l in range(L):
-                yield (0,) * (i + 1) + ((1,) + (0,) * (l - 1) if l else ())
+            for lv in range(L):
+                yield self._window_path(i, lv)
         for g in range(self.candidates):
             for d in range(L):
                 yield (g + 1,) + (0,) * d
 
     @functools.cached_property
     def _nodes(self):
-        """Node indices of window[l, i] [L, W] and of candidate g's token d [G, L]."""
+        """Node indices of window[level, column] [L, W] and of candidate g's token d [G, L]."""
         index = {p: n for n, p in enumerate(self.tree.paths)}
         W, L, G = self.window, self.ngram - 1, self.candidates
-        win = [[index[(0,) * (i + 1) + ((1,) + (0,) * (l - 1) if l else ())] for i in range(W)]
-               for l in range(L)]
+        win = [[index[self._window_path(i, lv)] for i in range(W)] for lv in range(L)]
         cand = [[index[(g + 1,) + (0,) * d] for d in range(L)] for g in range(G)]
         return np.asarray(win, np.int32), np.asarray(cand, np.int32).reshape(G, L)
 
@@ -84,7 +88,7 @@ class LookaheadSpec:
         slots_BxLxW = jnp.maximum(lengths_B[:, None, None] - back_LxW, 0)
         window_BxLxW = jnp.take_along_axis(tokens_BxT, slots_BxLxW.reshape(B, -1), axis=1)
         return dict(window_BxLxW=window_BxLxW.reshape(B, L, W),
-                    pool_BxPxN=jnp.full((B, self.pool, self.ngram), -1, jnp.int32),
+                    pool_BxPxL1=jnp.full((B, self.pool, self.ngram), -1, jnp.int32),
                     age_BxP=jnp.full((B, self.pool), -1, jnp.int32),
                     steps_B=jnp.zeros((B,), jnp.int32))
 
@@ -95,11 +99,11 @@ class LookaheadSpec:
         B, G = tokens_BxT.shape[0], self.candidates
         win_LxW, cand_GxL = self._nodes
         last_B = jnp.take_along_axis(tokens_BxT, (lengths_B - 1)[:, None], axis=1)[:, 0]
-        pool_BxPxN, age_BxP = state["pool_BxPxN"], state["age_BxP"]
-        match_BxP = (pool_BxPxN[..., 0] == last_B[:, None]) & (age_BxP >= 0)
+        pool_BxPxL1, age_BxP = state["pool_BxPxL1"], state["age_BxP"]
+        match_BxP = (pool_BxPxL1[..., 0] == last_B[:, None]) & (age_BxP >= 0)
         age_BxG, pick_BxG = jax.lax.top_k(jnp.where(match_BxP, age_BxP, -1), G)
-        grams_BxGxN = jnp.take_along_axis(pool_BxPxN, pick_BxG[..., None], axis=1)
-        grams_BxGxL = jnp.where(age_BxG[..., None] >= 0, grams_BxGxN[..., 1:],
+        grams_BxGxL1 = jnp.take_along_axis(pool_BxPxL1, pick_BxG[..., None], axis=1)
+        grams_BxGxL = jnp.where(age_BxG[..., None] >= 0, grams_BxGxL1[..., 1:],
                                 last_B[:, None, None])
         draft_BxN = jnp.zeros((B, tree.size), jnp.int32)
         draft_BxN = draft_BxN.at[:, win_LxW.reshape(-1)].set(
@@ -118,24 +122,24 @@ class LookaheadSpec:
         top_BxWxV = jnp.take(logits_BxN1xV, win_LxW[-1] + 1, axis=1)  # feed index = node + 1
         next_BxW = argmax(top_BxWxV)
         window_BxLxW = state["window_BxLxW"]
-        grams_BxWxN = jnp.concatenate([jnp.swapaxes(window_BxLxW, 1, 2), next_BxW[..., None]],
+        grams_BxWxL1 = jnp.concatenate([jnp.swapaxes(window_BxLxW, 1, 2), next_BxW[..., None]],
                                       axis=2)
-        pool_BxPxN, age_BxP, steps_B = state["pool_BxPxN"], state["age_BxP"], state["steps_B"]
+        pool_BxPxL1, age_BxP, steps_B = state["pool_BxPxL1"], state["age_BxP"], state["steps_B"]
         full_B = steps_B >= L - 1  # every level was written by an iteration
         rows_B = jnp.arange(B)
         for i in range(W):
-            gram_BxN = grams_BxWxN[:, i]
-            known_B = jnp.any(jnp.all(pool_BxPxN == gram_BxN[:, None], axis=2) & (age_BxP >= 0),
+            gram_BxL1 = grams_BxWxL1[:, i]
+            known_B = jnp.any(jnp.all(pool_BxPxL1 == gram_BxL1[:, None], axis=2) & (age_BxP >= 0),
                               axis=1)
             slot_B = jnp.argmin(age_BxP, axis=1)  # empty (-1) or the oldest
             put_B = full_B & ~known_B
             stamp_B = steps_B * W + i
-            pool_BxPxN = pool_BxPxN.at[rows_B, slot_B].set(
-                jnp.where(put_B[:, None], gram_BxN, pool_BxPxN[rows_B, slot_B]))
+            pool_BxPxL1 = pool_BxPxL1.at[rows_B, slot_B].set(
+                jnp.where(put_B[:, None], gram_BxL1, pool_BxPxL1[rows_B, slot_B]))
             age_BxP = age_BxP.at[rows_B, slot_B].set(
                 jnp.where(put_B, stamp_B, age_BxP[rows_B, slot_B]))
         window_BxLxW = jnp.concatenate([window_BxLxW[:, 1:], next_BxW[:, None]], axis=1)
-        return dict(window_BxLxW=window_BxLxW, pool_BxPxN=pool_BxPxN, age_BxP=age_BxP,
+        return dict(window_BxLxW=window_BxLxW, pool_BxPxL1=pool_BxPxL1, age_BxP=age_BxP,
                     steps_B=steps_B + 1)
 
 

@@ -61,7 +61,7 @@ def test_the_wheel_carries_every_shipped_drafter(tmp_path):
     with zipfile.ZipFile(glob.glob(str(tmp_path / "*.whl"))[0]) as z:
         sizes = {i.filename: i.file_size for i in z.infolist()}
     for name in NAMES.values():
-        where = f"jaxspec/drafters/{name.removesuffix('-drafter')}/"
+        where = f"jaxspec/weights/{name.removesuffix('-drafter')}/"
         files = {f: n for f, n in sizes.items() if f.startswith(where)}
         assert set(files) == {where + "head.json", where + "weights.npz"}
         assert sum(files.values()) <= MAX_BYTES

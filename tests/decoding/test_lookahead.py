@@ -32,13 +32,13 @@ def test_the_window_is_a_tree_of_trajectories():
     s = LookaheadSpec(window=3, ngram=3, candidates=2)
     t, (win_LxW, cand_GxL) = s.tree, s._nodes
     assert t.size == (3 + 2) * 2
-    for l in range(2):
+    for lv in range(2):
         for i in range(3):
-            k = win_LxW[l, i] + 1
-            assert t.depth_N1[k] == i + l + 1
+            k = win_LxW[lv, i] + 1
+            assert t.depth_N1[k] == i + lv + 1
             seen = {int(j) - 1 for j in np.flatnonzero(t.ancestors_N1xN1[k]) if j}
             assert seen == {int(win_LxW[0, c]) for c in range(i + 1)} | {
-                int(win_LxW[m, i]) for m in range(l + 1)}
+                int(win_LxW[m, i]) for m in range(lv + 1)}
     assert [list(t.depth_N1[cand_GxL[g] + 1]) for g in range(2)] == [[1, 2], [1, 2]]
 
 
@@ -55,9 +55,10 @@ def test_one_jacobi_iteration_pools_each_column_once():
     state = {**state, "steps_B": jnp.asarray([1])}
     new = s.observe({}, state, logits)
     assert new["window_BxLxW"].tolist() == [[[6, 5], [8, 9]]]
-    pooled = {tuple(g) for g, a in zip(new["pool_BxPxN"][0].tolist(), new["age_BxP"][0]) if a >= 0}
+    pooled = {tuple(g) for g, a in zip(new["pool_BxPxL1"][0].tolist(), new["age_BxP"][0])
+              if a >= 0}
     assert pooled == {(7, 6, 8), (6, 5, 9)}
-    again = s.observe({}, {**state, "pool_BxPxN": new["pool_BxPxN"], "age_BxP": new["age_BxP"]},
+    again = s.observe({}, {**state, "pool_BxPxL1": new["pool_BxPxL1"], "age_BxP": new["age_BxP"]},
                       logits)
     assert int((again["age_BxP"][0] >= 0).sum()) == 2  # known n-grams are not pooled twice
     draft, _, _ = s.propose_tree({}, new, jnp.asarray([[4, 5, 6, 7]]), jnp.asarray([4]), None,
