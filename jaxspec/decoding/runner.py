@@ -287,10 +287,12 @@ class Decoder:
             drafter = as_drafter(drafter)
             drafter.spec.validate(drafter.params, target)
         stop_data, stop_strings = stops.tables(target, stop)
-        statics = dict(config=target.config, gamma=gamma, sampling=sampling, tree=tree)
+        shape = speculative.Auto(gamma) if auto else (trees.chain(gamma) if tree is None
+                                                      else tree)
         costs_G1 = _check_costs(costs, gamma) if auto else None
         if auto and _never_drafts(costs_G1, drafter.tuned_accept):
-            drafter, costs_G1, statics = None, None, {**statics, "gamma": 0}
+            drafter, costs_G1, shape = None, None, trees.chain(0)
+        statics = dict(settings=speculative.Settings(target.config, shape, sampling))
         args = (target.params, drafter and drafter.bare,
                 *_rows(target, tokens, lengths_p, max_new_p), _key(target, seed))
         memory_key = prior = None
@@ -350,7 +352,7 @@ class Decoder:
             T = int(cache_slots)
         pad = target.config.pad_token_id
         config = target.config
-        decode_statics = dict(config=config, gamma=0, sampling=sampling)
+        decode_statics = dict(settings=speculative.Settings(config, trees.chain(0), sampling))
         stop_data, stop_strings = stops.tables(target, stop)
         stats = self.stream_stats = {"prefill_calls": 0, "decode_calls": 0}
         slot_prompt = np.full(B, -1)  # the prompt each slot holds; -1: empty

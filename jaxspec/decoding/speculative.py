@@ -12,6 +12,7 @@ depend only on its own seed, not on its slot or on the rows beside it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -26,6 +27,30 @@ from jaxspec.decoding.trees import DynamicTree, RowTree, Tree, chain, compact
 from jaxspec.models.cache import KVCache, init_cache
 from jaxspec.models.transformer import fill_cache, forward
 from jaxspec.sharding import constrain
+
+
+@dataclasses.dataclass(frozen=True)
+class Auto:
+    """gamma="auto": each row picks its draft length, 0 to `max`, every step; the step costs it
+    weighs are the loop's data (`costs_G1`), so drafters of one shape share an executable."""
+
+    max: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """All a decode loop is compiled for, as one hashable value (static under jit). `shape`: a
+    `Tree` (`trees.chain(g)` drafts g tokens a step; `chain(0)` is plain decoding), a
+    `DynamicTree`, or `Auto`."""
+
+    config: ModelConfig
+    shape: Tree | DynamicTree | Auto
+    sampling: Sampling = Sampling()
+
+    @property
+    def top(self) -> Tree | DynamicTree:
+        """The largest tree a step verifies."""
+        return chain(self.shape.max) if isinstance(self.shape, Auto) else self.shape
 
 
 @flax.struct.dataclass
@@ -308,21 +333,20 @@ def track(state: DecodeState, gamma_B, n_B) -> DecodeState:
         tried_BxG=_MEMORY * state.tried_BxG + reached_BxG)
 
 
-def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState, *,
-                gamma: int, sampling: Sampling, stops: Stops | None = None,
-                costs_G1=None, max_steps=None,
-                min_done=None, tree: Tree | DynamicTree | None = None) -> DecodeState:
-    """Run until every row is done. Without `costs_G1` every row drafts `gamma` tokens a step,
-    or the nodes of `tree` (then gamma is unused; a chain of gamma is the same tree); with them
-    (an array: the step cost of each draft length 0..gamma, relative to a plain step; data, so
-    drafters of one shape share a compiled loop), each row picks its own length every step
-    (`plan.choose_gamma`; 0 where the drafter has no draft, `has_draft`); the step runs the
-    longest pick, and every row that picked a draft drafts that length.
+def decode_loop(target_params, drafter, state: DecodeState, settings: Settings, *,
+                stops: Stops | None = None, costs_G1=None, max_steps=None,
+                min_done=None) -> DecodeState:
+    """Run until every row is done. Every row drafts the nodes of `settings.shape` a step; with
+    `Auto(G)` and `costs_G1` (an array: the step cost of each draft length 0..G relative to a
+    plain step) each row picks its own length every step (`plan.choose_gamma`; 0 where the
+    drafter has no draft, `has_draft`); the step runs the longest pick, and every row that
+    picked a draft drafts that length.
 
     `max_steps` and `min_done` (ints or traced scalars; None: no bound) also end the loop after
     that many steps, or once at least that many rows are done: a continuous-batching caller then
     takes the finished rows out and refills their slots (see `resume`). `stops` (None: none)
     end rows at stop tokens and strings; the state holds a state per row of each automaton."""
+    config, sampling = settings.config, settings.sampling
     vocab = config.vocab_size
     B = state.tokens_BxT.shape[0]
     stops = no_stops(vocab) if stops is None else stops
@@ -331,13 +355,14 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
                          f"{state.stop_BxS.shape[1]} (prefill's `num_stops`)")
     if state.key.ndim and drafter is not None:
         raise ValueError("per-row keys are for plain decoding (no drafter)")
-    if tree is not None and costs_G1 is not None:
-        raise ValueError("a tree has a fixed shape: no per-row draft lengths (costs)")
+    if isinstance(settings.shape, Auto) != (costs_G1 is not None):
+        raise ValueError("per-row draft lengths (Auto) go with step costs (costs_G1), and only "
+                         "they")
     if costs_G1 is not None and state.accepted_BxG.shape[1] != len(costs_G1) - 1:
         raise ValueError(f"{len(costs_G1)} step costs need acceptance counts for "
                          f"{len(costs_G1) - 1} draft positions; the state has "
                          f"{state.accepted_BxG.shape[1]} (prefill's `prior_2xG`)")
-    top = chain(gamma) if tree is None else tree
+    top = settings.top
 
     def step(t: Tree, state, gamma_B, k_draft, k_accept):
         """Draft the nodes of `t`, score them and the last token, accept: (accepted drafts [B],
@@ -372,7 +397,7 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
 
     def body(state: DecodeState) -> DecodeState:
         key, k_draft, k_accept = _split(state.key, 3)
-        if costs_G1 is None:
+        if not isinstance(settings.shape, Auto):
             gamma_B = jnp.full((B,), top.size, jnp.int32)
             out = step(top, state, gamma_B, k_draft, k_accept)
         else:
@@ -410,18 +435,16 @@ def decode_loop(target_params, config: ModelConfig, drafter, state: DecodeState,
 
 
 def run(target_params, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key, prior_2xG=None,
-        stops: Stops | None = None, costs_G1=None, *, config: ModelConfig, gamma: int,
-        sampling: Sampling, tree: Tree | DynamicTree | None = None) -> DecodeState:
-    """Prefill and decode; jit this with everything after `*` static. With `costs_G1` (gamma
-    "auto"), `prior_2xG` gives each row's starting acceptance counts (default none); `stops`
-    ends rows (default: nothing but the budget)."""
+        stops: Stops | None = None, costs_G1=None, *, settings: Settings) -> DecodeState:
+    """Prefill and decode; jit this with `settings` static. With `costs_G1` (`Auto`),
+    `prior_2xG` gives each row's starting acceptance counts (default none); `stops` ends rows
+    (default: nothing but the budget)."""
     if costs_G1 is not None and prior_2xG is None:
         prior_2xG = jnp.zeros((2, len(costs_G1) - 1))
     num_stops = 0 if stops is None else stops.next_SxVxL.shape[0]
-    state = prefill(target_params, config, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key,
-                    prior_2xG, num_stops)
-    return decode_loop(target_params, config, drafter, state, gamma=gamma, sampling=sampling,
-                       stops=stops, costs_G1=costs_G1, tree=tree)
+    state = prefill(target_params, settings.config, drafter, tokens_BxT, prompt_lengths_B,
+                    max_new_B, key, prior_2xG, num_stops)
+    return decode_loop(target_params, drafter, state, settings, stops=stops, costs_G1=costs_G1)
 
 
 # Continuous batching: a fixed batch of slots, refilled with new rows as rows finish.
@@ -472,10 +495,8 @@ def refill(target_params, state: DecodeState, tokens_RxT, prompt_lengths_R, max_
 
 
 def resume(target_params, drafter, state: DecodeState, max_steps, min_done,
-           stops: Stops | None = None, *, config: ModelConfig, gamma: int,
-           sampling: Sampling) -> DecodeState:
+           stops: Stops | None = None, *, settings: Settings) -> DecodeState:
     """`decode_loop` from `state` for at most `max_steps` steps, ending early once `min_done`
-    rows are done; jit with everything after `*` static."""
-    return decode_loop(target_params, config, drafter, state, gamma=gamma, sampling=sampling,
-                       stops=stops, max_steps=max_steps, min_done=min_done)
-
+    rows are done; jit with `settings` static."""
+    return decode_loop(target_params, drafter, state, settings, stops=stops,
+                       max_steps=max_steps, min_done=min_done)

@@ -20,8 +20,7 @@ import numpy as np
 
 import jaxspec
 from jaxspec import sharding
-from jaxspec.decoding import hidden, speculative
-from jaxspec.decoding.sampling import Sampling
+from jaxspec.decoding import hidden, speculative, trees
 from jaxspec.errors import UserError
 from jaxspec.loading import shard
 from jaxspec.models.model import Model
@@ -103,10 +102,10 @@ def shardings_report(dims) -> dict:
     tokens[:, :3] = [[4, 8, 15]]
     rows = lambda a: sharding.global_array(a, sharding.batch_sharding(mesh, a.ndim))  # noqa
     with sharding.decoding_on(mesh):
-        run = jax.jit(speculative.run, static_argnames=("config", "gamma", "sampling"))
+        run = jax.jit(speculative.run, static_argnames="settings")
         state = run(target.params, d, rows(tokens), rows(np.full(B, 3, np.int32)),
-                    rows(np.full(B, 6, np.int32)), jax.random.key(0), config=LLAMA, gamma=3,
-                    sampling=Sampling())
+                    rows(np.full(B, 6, np.int32)), jax.random.key(0),
+                    settings=speculative.Settings(LLAMA, trees.chain(3)))
     arrays = {"wq": target.params["layers"][0]["wq"], "wk": target.params["layers"][0]["wk"],
               "w_down": target.params["layers"][0]["w_down"], "embed": target.params["embed"],
               "cache": state.target_cache.keys[0], "drafter_cache": state.drafter_state.keys[0],

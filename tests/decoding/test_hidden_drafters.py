@@ -33,7 +33,7 @@ import pytest
 
 import jaxspec
 from jaxspec.checkpoints import heads
-from jaxspec.decoding import speculative
+from jaxspec.decoding import speculative, trees
 from jaxspec.decoding.drafters import Drafter
 from jaxspec.decoding.hidden import HiddenSpec, head_params, hidden_drafter
 from jaxspec.decoding.sampling import Sampling, probs
@@ -283,7 +283,7 @@ class Recording(HiddenSpec):
             "drafts": state["drafts"].at[i, :, :gamma].set(draft_BxG, mode="drop")}
 
 
-_run = jax.jit(speculative.run, static_argnames=("config", "gamma", "sampling"))
+_run = jax.jit(speculative.run, static_argnames="settings")
 
 
 @functools.partial(jax.jit, static_argnames="config")
@@ -330,8 +330,8 @@ def test_features_match_a_full_forward(one_layer):
         tokens[b, :len(p)] = p
     lengths = np.array([len(p) for p in PROMPTS], np.int32)
     state = _run(model.params, drafter, jnp.asarray(tokens), jnp.asarray(lengths),
-                 jnp.asarray(MAX_NEW, jnp.int32), jax.random.key(0), config=model.config,
-                 gamma=gamma, sampling=Sampling())
+                 jnp.asarray(MAX_NEW, jnp.int32), jax.random.key(0),
+                 settings=speculative.Settings(model.config, trees.chain(gamma)))
     final, final_len, steps, kept, rec = jax.device_get(
         (state.tokens_BxT, state.lengths_B, state.steps_B, state.features_BxTxD,
          state.drafter_state))
