@@ -73,9 +73,9 @@ def speculative_generate(target, drafter, prompts, gamma: int | str | None = Non
     if tree is not None and gamma is not None:
         raise UserError("give gamma (a chain) or tree, not both")
     if gamma is None and tree is None:
-        spec = getattr(drafter, "spec", None)
-        tree = getattr(spec, "tuned_tree", None)
-        gamma = None if tree is not None else getattr(spec, "tuned_gamma", None) or 4
+        spec = as_drafter(drafter).spec
+        tree = spec.tuned_tree
+        gamma = None if tree is not None else spec.tuned_gamma or 4
     if gamma == "auto" and costs is None:
         costs = _measured_costs(target, drafter, gamma_max)
     return runner.DECODER(target, drafter, prompts, gamma=gamma, max_new_tokens=max_new_tokens,
@@ -89,5 +89,5 @@ def _measured_costs(target, drafter, gamma_max: int) -> list[float]:
     this target and drafter, or one that costs the same (`cost_key`), on this machine."""
     check_auto(drafter)
     drafter = as_drafter(drafter)
-    key = getattr(drafter.spec, "cost_key", None) or drafter.name
+    key = drafter.spec.cost_key or drafter.name
     return profile.step_costs(target, target.name, drafter, key, gamma_max)

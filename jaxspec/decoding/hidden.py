@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.drafters import Drafter
+from jaxspec.decoding.drafters import Drafter, DraftSpec
 from jaxspec.decoding.sampling import DraftProbs, pick
 from jaxspec.decoding.trees import RowTree, grow
 from jaxspec.errors import UserError
@@ -63,7 +63,7 @@ def head_logits(shared, h_xD):
 
 
 @dataclasses.dataclass(frozen=True)
-class HiddenSpec:
+class HiddenSpec(DraftSpec):
     """A hidden-state drafter of `kind` for a target with `config`; `depth` heads or stages
     (medusa, hydra: the longest draft), `tuned_gamma` the draft length it was tuned for and
     `tuned_tree` the token tree (choices), if one was."""
@@ -74,6 +74,7 @@ class HiddenSpec:
     tuned_gamma: int | None = None
     tuned_tree: tuple[tuple[int, ...], ...] | None = None
     reads_features = True
+    drafts_trees = True
 
     @property
     def cost_key(self) -> str:

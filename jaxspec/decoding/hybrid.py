@@ -15,7 +15,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.decoding.drafters import Drafter, NgramSpec
+from jaxspec.decoding.drafters import Drafter, DraftSpec, NgramSpec
 from jaxspec.decoding.hidden import _WINDOW, HiddenSpec
 from jaxspec.decoding.sampling import DraftProbs
 from jaxspec.decoding.trees import Tree, branch, with_branch
@@ -23,7 +23,7 @@ from jaxspec.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
-class HybridSpec:
+class HybridSpec(DraftSpec):
     """`head` drafts its shape; `ngram` adds a branch of `length` tokens beside it. The params
     are the head's."""
 
@@ -31,6 +31,8 @@ class HybridSpec:
     ngram: NgramSpec
     length: int
     reads_features = True
+    drafts_trees = True
+    fixed_shape = True
 
     @property
     def tuned_gamma(self):

@@ -23,18 +23,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.decoding.drafters import Drafter
+from jaxspec.decoding.drafters import Drafter, DraftSpec
 from jaxspec.decoding.sampling import DraftProbs, argmax
 from jaxspec.decoding.trees import Tree
 from jaxspec.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
-class LookaheadSpec:
+class LookaheadSpec(DraftSpec):
     window: int = 5  # W: guesses per level
     ngram: int = 4  # N: n-gram length; the window keeps N - 1 levels
     candidates: int = 5  # G: pooled n-grams verified per step
     pool: int = 64  # n-grams kept per row, the oldest replaced first
+    drafts_trees = True
+    fixed_shape = True
 
     def validate(self, params, target) -> None:
         """Nothing to check: every guess is a token of the target's vocabulary."""

@@ -109,13 +109,13 @@ def _check_tree(tree, drafter):
     """(the tree, None for a chain; its node count) for `tree` (choices paths, a Tree or a
     DynamicTree)."""
     tree = trees.make_tree(tree)
-    spec = getattr(as_drafter(drafter), "spec", None) if drafter is not None else None
+    spec = as_drafter(drafter).spec if drafter is not None else None
     if isinstance(tree, trees.DynamicTree):
-        if spec is not None and not getattr(spec, "drafts_dynamic_trees", False):
+        if spec is not None and not spec.drafts_dynamic_trees:
             raise UserError(f"dynamic trees are drafted by EAGLE heads, not by "
                             f"{type(spec).__name__}; give this drafter a static tree")
         return tree, tree.size
-    if not tree.is_chain and spec is not None and not hasattr(spec, "propose_tree"):
+    if not tree.is_chain and spec is not None and not spec.drafts_trees:
         raise UserError(f"drafter {type(spec).__name__} cannot draft trees; use a chain (gamma)")
     return (None if tree.is_chain else tree), tree.size
 
@@ -123,8 +123,8 @@ def _check_tree(tree, drafter):
 def _with_branch(drafter, tree, gamma: int, auto: bool):
     """(tree, node count) a drafter with a shape of its own verifies (`extend`): a head's chain of
     gamma or `tree` with an n-gram branch (`hybrid.HybridSpec`), Lookahead's tree."""
-    spec = getattr(as_drafter(drafter), "spec", None) if drafter is not None else None
-    if not hasattr(spec, "extend"):
+    spec = as_drafter(drafter).spec if drafter is not None else None
+    if spec is None or not spec.fixed_shape:
         return tree, gamma
     if auto:
         check_auto(drafter)
@@ -135,8 +135,8 @@ def _with_branch(drafter, tree, gamma: int, auto: bool):
 def check_auto(drafter) -> None:
     """Refuse gamma="auto" for a drafter whose shape is fixed (a head with an n-gram branch,
     Lookahead)."""
-    spec = getattr(as_drafter(drafter), "spec", None) if drafter is not None else None
-    if hasattr(spec, "extend"):
+    spec = as_drafter(drafter).spec if drafter is not None else None
+    if spec is not None and spec.fixed_shape:
         raise UserError(f"{type(spec).__name__} drafts a fixed shape: give it gamma or a static "
                         f"tree (or neither), not 'auto'")
 

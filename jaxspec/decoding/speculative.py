@@ -101,7 +101,7 @@ def _split(key, n: int):
 
 def reads_features(drafter) -> bool:
     """Whether the drafter reads the target's hidden states (a hidden-state drafter)."""
-    return drafter is not None and getattr(drafter.spec, "reads_features", False)
+    return drafter is not None and drafter.spec.reads_features
 
 
 def cache_dtype(target_params):
@@ -386,7 +386,7 @@ def decode_loop(target_params, drafter, state: DecodeState, settings: Settings, 
                 sampling, t, vocab, state.features_BxTxD)
         logits_BxG1xV, cache, feats_BxG1xD = verify(target_params, config, state, draft_BxG,
                                                     t if rows is None else rows)
-        if g and hasattr(drafter.spec, "observe"):  # a drafter that reads the verify pass
+        if g:
             dstate = drafter.spec.observe(drafter.params, dstate, logits_BxG1xV)
         n_B, emitted_BxD1, path_BxD1 = accept(k_accept, logits_BxG1xV, draft_BxG, q, sampling,
                                               gamma_B, t, rows)
@@ -403,10 +403,9 @@ def decode_loop(target_params, drafter, state: DecodeState, settings: Settings, 
         else:
             want_B = jnp.where(state.done_B, 0,
                                choose_gamma(state.accepted_BxG, state.tried_BxG, costs_G1))
-            if hasattr(drafter.spec, "has_draft"):
-                want_B = jnp.where(drafter.spec.has_draft(drafter.params, state.drafter_state,
-                                                          state.tokens_BxT, state.lengths_B),
-                                   want_B, 0)
+            want_B = jnp.where(drafter.spec.has_draft(drafter.params, state.drafter_state,
+                                                      state.tokens_BxT, state.lengths_B),
+                               want_B, 0)
             branch = jnp.max(want_B)
             # Every row that drafts takes the step's length: its verification is paid for
             # already, and a longer draft never gains fewer tokens. A row that picked 0 stays

@@ -17,14 +17,14 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxspec.decoding.drafters import Drafter, ModelSpec, NgramSpec, ngram_drafter
+from jaxspec.decoding.drafters import Drafter, DraftSpec, ModelSpec, NgramSpec, ngram_drafter
 from jaxspec.decoding.sampling import DraftProbs, argmax, probs, sample
 from jaxspec.errors import UserError
 from jaxspec.models.transformer import forward
 
 
 @dataclasses.dataclass(frozen=True)
-class StagedSpec:
+class StagedSpec(DraftSpec):
     first: ModelSpec
     second: NgramSpec
     k: int = 3

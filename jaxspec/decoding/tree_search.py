@@ -138,7 +138,7 @@ def acceptance(target, drafter, prompts, width: int, depth: int, max_new_tokens:
     (module docstring); `generate_kw`: chat, stop."""
     positive(width=width, depth=depth)
     drafter = as_drafter(drafter)
-    if not hasattr(drafter.spec, "propose_tree"):
+    if not drafter.spec.drafts_trees:
         raise UserError(f"drafter {type(drafter.spec).__name__} cannot draft trees")
     drafter.spec.validate(drafter.params, target)
     tree = full_tree([width] * depth)
