@@ -20,7 +20,9 @@ import jax.numpy as jnp
 
 from jaxspec.config import ModelConfig
 from jaxspec.decoding import speculative
-from jaxspec.decoding.drafters import Drafter, ModelSpec, layer_skip_drafter, ngram_drafter
+from jaxspec.drafters.base import Drafter
+from jaxspec.drafters.model import ModelSpec, layer_skip_drafter
+from jaxspec.drafters.ngram import ngram_drafter
 from jaxspec.errors import UserError
 from jaxspec.models.params import param_shapes
 from jaxspec.sharding import (MESH_AXES, RULES, batch_shards, fitting_spec, param_shardings,

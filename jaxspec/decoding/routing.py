@@ -34,7 +34,8 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from jaxspec.decoding import api
-from jaxspec.decoding.drafters import Drafter, as_drafter
+from jaxspec.drafters.base import Drafter
+from jaxspec.drafters.model import as_drafter
 from jaxspec.decoding.runner import GenerationResult, _check_tokenizers
 from jaxspec.errors import UserError
 

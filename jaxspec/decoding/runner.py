@@ -14,7 +14,7 @@ import numpy as np
 
 from jaxspec import sharding
 from jaxspec.decoding import speculative, stops, trees, xla_cache
-from jaxspec.decoding.drafters import as_drafter
+from jaxspec.drafters.model import as_drafter
 from jaxspec.decoding.plan import AcceptanceMemory, start_counts
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.errors import UserError

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.decoding.drafters import layer_skip_drafter
+from jaxspec.drafters.model import layer_skip_drafter
 from jaxspec.decoding.plan import plan, step_cost
 from jaxspec.decoding.api import generate
 from jaxspec.decoding.runner import encode_prompts

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.decoding import speculative
-from jaxspec.decoding.drafters import as_drafter
+from jaxspec.drafters.model import as_drafter
 from jaxspec.decoding.plan import relative_cost
 from jaxspec.decoding.runner import cache_len
 from jaxspec.decoding.sampling import Sampling
@@ -247,7 +247,7 @@ def best_tree(p_DxW, costs: dict, c: float, budget: int) -> Choice:
     A tree gains E = 1 + the sum of its nodes' path probabilities per step (the product of p
     along the path: acceptance by depth and rank, taken as independent of the path) and costs
     the verification of its nodes + 1 positions (`costs`: relative to one, `jaxspec profile`)
-    plus c per depth level: drafters draft a tree with one call per level (drafters.py,
+    plus c per depth level: drafters draft a tree with one call per level (jaxspec/drafters/:
     hidden.py), a chain with one per token (the profile's c).
 
     `growth` gives nested trees of 1 .. budget nodes, each of the highest E of its size: a node

@@ -1,4 +1,4 @@
-"""Training hidden-state drafters (decoding/hidden.py) with the trainer: rows, the target's
+"""Training hidden-state drafters (drafters/hidden.py) with the trainer: rows, the target's
 features cached on disk, the head's loss.
 
 The target is frozen, so its features are computed once per dataset and cached
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from jaxspec.decoding.hidden import HiddenSpec
+from jaxspec.drafters.hidden import HiddenSpec
 from jaxspec.decoding.sampling import argmax
 from jaxspec.errors import UserError
 from jaxspec.files import write_atomic

@@ -26,7 +26,7 @@ import numpy as np
 import optax
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.drafters import model_drafter
+from jaxspec.drafters.model import model_drafter
 from jaxspec.decoding.api import speculative_generate
 from jaxspec.errors import UserError
 from jaxspec.loading import forward_logits

@@ -15,7 +15,7 @@ import transformers as tf
 
 import jaxspec
 from jaxspec.checkpoints import gguf, hf
-from jaxspec.decoding.hidden import head_params
+from jaxspec.drafters.hidden import head_params
 from jaxspec.errors import UserError
 from jaxspec.models.params import init_params
 

@@ -20,7 +20,8 @@ import numpy as np
 
 import jaxspec
 from jaxspec import sharding
-from jaxspec.decoding import hidden, speculative, trees
+from jaxspec.decoding import speculative, trees
+from jaxspec.drafters import hidden
 from jaxspec.errors import UserError
 from jaxspec.loading import shard
 from jaxspec.models.model import Model

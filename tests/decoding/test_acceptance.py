@@ -10,7 +10,7 @@ import pytest
 
 import jaxspec
 from jaxspec.decoding import sampling, speculative
-from jaxspec.decoding.drafters import NgramSpec
+from jaxspec.drafters.ngram import NgramSpec
 from jaxspec.decoding.sampling import DraftProbs, Sampling, pick, probs
 
 accept = jax.jit(speculative.accept, static_argnames="sampling")

@@ -59,7 +59,8 @@ def test_a_drafter_the_prior_never_picks_is_not_run(target, far_model, plain, mo
     move it: the call decodes without the drafter (no drafter prefill, exactly plain steps)."""
     import jax
 
-    from jaxspec.decoding import drafters, runner
+    from jaxspec.decoding import runner
+    from jaxspec.drafters import model as drafters
 
     def refuse(*a, **kw):
         raise AssertionError("the drafter ran")

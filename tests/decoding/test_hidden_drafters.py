@@ -1,4 +1,4 @@
-"""Hidden-state drafters (Medusa, Hydra, EAGLE; decoding/hidden.py) in the decode loop.
+"""Hidden-state drafters (Medusa, Hydra, EAGLE; drafters/hidden.py) in the decode loop.
 
 Greedy output equals `generate`'s for every kind and gamma in {1, 3, 5} on the ragged batch of
 test_greedy_identity.py (with its stop token), on a single prompt, with gamma="auto", with a head
@@ -34,8 +34,8 @@ import pytest
 import jaxspec
 from jaxspec.checkpoints import heads
 from jaxspec.decoding import speculative, trees
-from jaxspec.decoding.drafters import Drafter
-from jaxspec.decoding.hidden import HiddenSpec, head_params, hidden_drafter
+from jaxspec.drafters.base import Drafter
+from jaxspec.drafters.hidden import HiddenSpec, head_params, hidden_drafter
 from jaxspec.decoding.sampling import Sampling, probs
 from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache

@@ -1,4 +1,4 @@
-"""A hidden-state head and prompt lookup in one tree (decoding/hybrid.py).
+"""A hidden-state head and prompt lookup in one tree (drafters/hybrid.py).
 
 The branch's topology; greedy acceptance keeping the longer of two paths that begin alike;
 greedy output equal to `generate`'s on a target where both branches are accepted (a one-layer
@@ -19,7 +19,7 @@ import pytest
 
 import jaxspec
 from jaxspec.decoding import speculative, trees
-from jaxspec.decoding.hidden import head_params, hidden_drafter
+from jaxspec.drafters.hidden import head_params, hidden_drafter
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.errors import UserError
 from jaxspec.loading import parse_drafter

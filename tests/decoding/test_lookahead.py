@@ -1,4 +1,4 @@
-"""Lookahead decoding (decoding/lookahead.py): the window as a token tree, one Jacobi iteration
+"""Lookahead decoding (drafters/lookahead.py): the window as a token tree, one Jacobi iteration
 with its n-grams, greedy output equal to `generate`'s where its n-grams are accepted (a one-layer
 target with its attention output zeroed maps each token to the next on its own, so the column
 trajectories of the window are true n-grams of its text), sampled output with the target's
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding.lookahead import LookaheadSpec
+from jaxspec.drafters.lookahead import LookaheadSpec
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.errors import UserError
 from jaxspec.loading import parse_drafter

@@ -14,7 +14,7 @@ import pytest
 
 import jaxspec
 from jaxspec.decoding import api, runner, speculative, stops
-from jaxspec.decoding.hidden import head_params, hidden_drafter
+from jaxspec.drafters.hidden import head_params, hidden_drafter
 from jaxspec.errors import UserError
 from jaxspec.training import data
 

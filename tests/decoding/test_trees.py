@@ -23,7 +23,7 @@ import pytest
 
 import jaxspec
 from jaxspec.decoding import speculative, trees
-from jaxspec.decoding.hidden import head_params, hidden_drafter
+from jaxspec.drafters.hidden import head_params, hidden_drafter
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache

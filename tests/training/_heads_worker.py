@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding import hidden
+from jaxspec.drafters import hidden
 from jaxspec.models.model import Model
 from jaxspec.models.params import param_shapes
 from jaxspec import sharding

@@ -14,7 +14,7 @@ import pytest
 import jaxspec
 from jaxspec.checkpoints import heads as ckpt_heads
 from jaxspec.config import load_yaml
-from jaxspec.decoding import hidden
+from jaxspec.drafters import hidden
 from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache
 from jaxspec.models.transformer import forward

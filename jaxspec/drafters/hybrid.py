@@ -15,8 +15,10 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.decoding.drafters import Drafter, DraftSpec, NgramSpec
-from jaxspec.decoding.hidden import _WINDOW, HiddenSpec
+from jaxspec.drafters.base import Drafter, DraftSpec
+
+from jaxspec.drafters.ngram import NgramSpec
+from jaxspec.drafters.hidden import _WINDOW, HiddenSpec
 from jaxspec.decoding.sampling import DraftProbs
 from jaxspec.decoding.trees import Tree, branch, with_branch
 from jaxspec.errors import UserError

@@ -17,7 +17,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxspec.decoding.drafters import Drafter, DraftSpec, ModelSpec, NgramSpec, ngram_drafter
+from jaxspec.drafters.base import Drafter, DraftSpec
+
+from jaxspec.drafters.model import ModelSpec
+
+from jaxspec.drafters.ngram import NgramSpec, ngram_drafter
 from jaxspec.decoding.sampling import DraftProbs, argmax, probs, sample
 from jaxspec.errors import UserError
 from jaxspec.models.transformer import forward

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.decoding.drafters import Drafter, DraftSpec
+from jaxspec.drafters.base import Drafter, DraftSpec
 from jaxspec.decoding.sampling import DraftProbs, argmax
 from jaxspec.decoding.trees import Tree
 from jaxspec.errors import UserError

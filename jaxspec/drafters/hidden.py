@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.decoding.drafters import Drafter, DraftSpec
+from jaxspec.drafters.base import Drafter, DraftSpec
 from jaxspec.decoding.sampling import DraftProbs, pick
 from jaxspec.decoding.trees import RowTree, grow
 from jaxspec.errors import UserError

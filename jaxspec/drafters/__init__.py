@@ -1,0 +1,1 @@
+"""Drafters, one kind a file, all implementing `base.DraftSpec`."""
