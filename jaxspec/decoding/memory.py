@@ -70,7 +70,7 @@ def _bytes(x, spec, mesh) -> int:
 def _drafter_params(drafter, mesh) -> int:
     """A drafter's own params per device: nothing for the target with layers skipped (it shares
     the target's), each leaf's shard where it is split, the whole leaf elsewhere."""
-    if drafter is None or (isinstance(drafter.spec, ModelSpec) and drafter.spec.layers):
+    if drafter is None or drafter.spec.shares_target_params:
         return 0
     total = 0
     for x in jax.tree.leaves(drafter.params):

@@ -62,6 +62,7 @@ class DraftSpec:
     cost_key = None  # drafters with one key share measured step costs (default: their name)
     tuned_gamma = None  # the draft length it was tuned for
     tuned_tree = None  # the token tree it was tuned for (choices)
+    shares_target_params = False  # its params are the target's (layer skip): no memory of its own
 
     def validate(self, params, target) -> None:
         raise NotImplementedError

@@ -28,6 +28,10 @@ class ModelSpec(DraftSpec):
     subset_vocab: bool = False
     drafts_trees = True
 
+    @property
+    def shares_target_params(self) -> bool:
+        return self.layers is not None
+
     def validate(self, params, target) -> None:
         """Refuse a head whose ids would mean other tokens than the target's."""
         tv, dv = target.config.vocab_size, self.config.vocab_size
