@@ -66,8 +66,7 @@ def cmd_generate(args):
     import jaxspec
 
     o = _options(args, {"model": "smollm2-135m-instruct", "max_new_tokens": 64,
-                        "temperature": 0.0, "gamma": 4, "chat": False, "seed": 0,
-                        "dtype": "float32"})
+                        "temperature": 0.0, "chat": False, "seed": 0, "dtype": "float32"})
     if not o.get("prompt"):
         raise SystemExit("jaxspec generate: give --prompt")
     model = jaxspec.load(o["model"], dtype=o["dtype"], mesh=_mesh(o))
@@ -79,8 +78,8 @@ def cmd_generate(args):
 
         d = parse_drafter(o["drafter"], model)
         tree = _tree(o["tree"]) if o.get("tree") else None
-        r = jaxspec.speculative_generate(model, d, o["prompt"], gamma=None if tree else o["gamma"],
-                                         tree=tree, **kw)
+        r = jaxspec.speculative_generate(model, d, o["prompt"],
+                                         gamma=None if tree else o.get("gamma"), tree=tree, **kw)
     else:
         r = jaxspec.generate(model, o["prompt"], **kw)
     for text in r.texts:
@@ -327,7 +326,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--model", help="registered name, .gguf, HF dir or jaxspec checkpoint")
     g.add_argument("--prompt", action="append", help="a prompt (repeat for a batch)")
     g.add_argument("--drafter", help="ngram[:N], layerskip:LAYERS, or a drafter path")
-    g.add_argument("--gamma", type=_gamma, help="draft length, or auto (default 4)")
+    g.add_argument("--gamma", type=_gamma, help="draft length, or auto (default: the drafter's "
+                   "tuned shape, else 4)")
     g.add_argument("--tree", help="draft a token tree instead: JSON paths [[0],[1],[0,0]] or "
                                   "widths per depth 3,2,1")
     g.add_argument("--max-new-tokens", dest="max_new_tokens", type=int)

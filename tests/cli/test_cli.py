@@ -138,6 +138,16 @@ def test_generate_with_ngram_drafter_via_config(tiny_model, tmp_path, capsys, mo
     assert 1 <= int(err.split("[")[1].split(" tokens")[0]) <= 5
 
 
+def test_generate_drafts_the_drafters_own_shape_without_gamma(tiny_model, capsys):
+    """Lookahead drafts only its own tree: no --gamma means the drafter's shape, not 4."""
+    plain = cli.main(["generate", "--model", str(tiny_model), "--prompt", "abcabc",
+                      "--max-new-tokens", "6"]) or capsys.readouterr().out
+    cli.main(["generate", "--model", str(tiny_model), "--prompt", "abcabc", "--max-new-tokens",
+              "6", "--drafter", "lookahead:2:2:1"])
+    out, err = capsys.readouterr()
+    assert out == plain and "tau" in err
+
+
 def test_generate_without_prompt_is_an_error(tiny_model):
     with pytest.raises(SystemExit, match="--prompt"):
         cli.main(["generate", "--model", str(tiny_model)])
