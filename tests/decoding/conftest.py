@@ -6,6 +6,8 @@ target, so the rejection paths run); a "near" drafter is the target with noise a
 agrees, so runs of accepted drafts and the bonus token run too).
 """
 
+import importlib.util
+import pathlib
 import types
 
 import jax
@@ -90,6 +92,17 @@ def small_target():
     """An 8-token vocabulary, flatter (std 0.35), for distribution tests; max_position 16 keeps
     the cache short, so 8192 rows decode in about a second."""
     return tiny_model(tiny_config(vocab_size=8, max_position=16), 20, "target", std=0.35)
+
+
+@pytest.fixture(scope="session")
+def exact():
+    """test_sampling_exact's exact joint, its empirical twin and the TV bound, for other modules
+    (the importlib import mode imports no test module by name)."""
+    spec = importlib.util.spec_from_file_location(
+        "test_sampling_exact", pathlib.Path(__file__).with_name("test_sampling_exact.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="session")

@@ -4,9 +4,6 @@ target with its attention output zeroed maps each token to the next on its own, 
 trajectories of the window are true n-grams of its text), sampled output with the target's
 exact joint distribution, and clear errors."""
 
-import importlib.util
-import pathlib
-
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,11 +13,6 @@ from jaxspec.drafters.lookahead import LookaheadSpec
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.errors import UserError
 from jaxspec.loading import parse_drafter
-
-spec_ = importlib.util.spec_from_file_location(
-    "test_sampling_exact", pathlib.Path(__file__).with_name("test_sampling_exact.py"))
-_exact = importlib.util.module_from_spec(spec_)
-spec_.loader.exec_module(_exact)
 
 PROMPTS = [[5, 17, 3, 22, 9, 41, 5, 17, 3], [7], [12, 30] * 9 + [1], [60, 2, 33]]
 MAX_NEW = [23, 31, 9, 17]
@@ -85,15 +77,15 @@ def test_greedy_output_equals_generate_and_its_ngrams_are_accepted(cycling, targ
         assert res.tau >= min_tau, (model.name, res.tau)
 
 
-def test_sampling_matches_target_distribution(small_target):
+def test_sampling_matches_target_distribution(small_target, exact):
     """Two tokens from PROMPT: the first step verifies the window's guesses (the prompt's last
     tokens), the second may verify a pooled n-gram too."""
     s = Sampling(1.0)
-    exact, _ = _exact.exact_joint(small_target, s)
-    got = _exact.empirical_joint(small_target, jaxspec.lookahead_drafter(2, 2, 2), s, None)
-    assert _exact.tv(got, exact) < _exact.TV_BOUND
+    joint, _ = exact.exact_joint(small_target, s)
+    got = exact.empirical_joint(small_target, jaxspec.lookahead_drafter(2, 2, 2), s, None)
+    assert exact.tv(got, joint) < exact.TV_BOUND
     res = jaxspec.speculative_generate(small_target, jaxspec.lookahead_drafter(2, 2, 2),
-                                       [_exact.PROMPT] * 256, max_new_tokens=2, temperature=1.0)
+                                       [exact.PROMPT] * 256, max_new_tokens=2, temperature=1.0)
     assert any(g == [2] for g in res.accept_lengths)  # drafts were accepted: the test can fail
 
 
