@@ -76,18 +76,18 @@ def _field(reader, key, default=None):
     return reader.fields.get(key, default)
 
 
-def _arch(reader) -> archs.Arch:
+def _arch(reader) -> tuple[str, archs.Arch]:
+    """The file's general.architecture and the table that loads it."""
     name = _field(reader, "general.architecture")
     arch = archs.for_gguf(name)
     if arch is None:
         raise GGUFError(f"unknown GGUF architecture {name!r}: jaxspec loads "
                         f"{tuple(t for a in archs.ARCHS.values() for t in a.gguf_types)}")
-    return arch
+    return name, arch
 
 
 def config_from_gguf(reader) -> ModelConfig:
-    arch = _arch(reader)
-    name = _field(reader, "general.architecture")
+    name, arch = _arch(reader)
 
     def g(key, default=None):
         return _field(reader, f"{name}.{key}", default)
@@ -141,8 +141,8 @@ def load_gguf(path: str | os.PathLike, dtype=np.float32, progress=None, place=No
     path = Path(path)
     reader = _open(path)
     config = config_from_gguf(reader)
-    arch = _arch(reader)
-    permuted = _field(reader, "general.architecture") in arch.gguf_permuted
+    kind, arch = _arch(reader)
+    permuted = kind in arch.gguf_permuted
     by_name = {name: t for t in reader.tensors if (name := _hf_name(t.name, arch)) is not None}
     done = 0
 
