@@ -19,11 +19,11 @@ from jaxspec import sharding
 from jaxspec.checkpoints import converted, gguf, heads, hf, store
 from jaxspec.config import ModelConfig
 from jaxspec.drafters.base import Drafter
-from jaxspec.drafters.model import layer_skip_drafter, model_drafter
-from jaxspec.drafters.ngram import ngram_drafter
 from jaxspec.drafters.hidden import hidden_drafter
 from jaxspec.drafters.hybrid import hybrid_drafter
 from jaxspec.drafters.lookahead import lookahead_drafter
+from jaxspec.drafters.model import layer_skip_drafter, model_drafter
+from jaxspec.drafters.ngram import ngram_drafter
 from jaxspec.drafters.staged import staged_drafter
 from jaxspec.errors import UserError
 from jaxspec.files import cache_root

@@ -17,12 +17,12 @@ import json
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.questions import read_questions
 from jaxspec.decoding.api import generate, speculative_generate
 from jaxspec.decoding.runner import encode_prompts
 from jaxspec.loading import load, parse_drafter
 from jaxspec.models.cache import init_cache
 from jaxspec.models.transformer import forward
+from jaxspec.questions import read_questions
 
 
 def first_drafts(target, drafter, tokens_1xL) -> np.ndarray:

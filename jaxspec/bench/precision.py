@@ -11,9 +11,9 @@ import json
 
 import numpy as np
 
-from jaxspec.questions import read_questions
 from jaxspec.decoding.api import generate
 from jaxspec.loading import load
+from jaxspec.questions import read_questions
 
 
 def agreement(model_name: str, prompts, max_new_tokens: int = 32, template: str = "{prompt}",

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from jaxspec.bench.plots import plot_accept_lengths, plot_speedup_vs_gamma, plot_tokens_per_s
-from jaxspec.questions import read_answers
 from jaxspec.errors import UserError
+from jaxspec.questions import read_answers
 
 COLUMNS = ("tokens_per_s", "baseline_tokens_per_s", "speedup", "tau", "identical",
            "num_questions")

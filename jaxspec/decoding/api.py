@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from jaxspec.decoding import profile, runner
-from jaxspec.drafters.model import as_drafter
 from jaxspec.decoding.runner import GenerationResult, check_auto, encode_prompts
 from jaxspec.decoding.sampling import Sampling
+from jaxspec.drafters.model import as_drafter
 from jaxspec.errors import UserError
 
 

@@ -18,8 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.decoding.plan import per_position_acceptance, plan
 from jaxspec.decoding import runner
+from jaxspec.decoding.plan import per_position_acceptance, plan
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.decoding.speculative import cache_dtype, reads_features
 from jaxspec.errors import UserError

@@ -34,9 +34,9 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from jaxspec.decoding import api
+from jaxspec.decoding.runner import GenerationResult, _check_tokenizers
 from jaxspec.drafters.base import Drafter
 from jaxspec.drafters.model import as_drafter
-from jaxspec.decoding.runner import GenerationResult, _check_tokenizers
 from jaxspec.errors import UserError
 
 # Languages the detector always considers (ISO 639-1), besides the registered ones: enough that

@@ -14,9 +14,9 @@ import numpy as np
 
 from jaxspec import sharding
 from jaxspec.decoding import speculative, stops, trees, xla_cache
-from jaxspec.drafters.model import as_drafter
 from jaxspec.decoding.plan import AcceptanceMemory, start_counts
 from jaxspec.decoding.sampling import Sampling
+from jaxspec.drafters.model import as_drafter
 from jaxspec.errors import UserError
 from jaxspec.loading import check_token_ids
 

@@ -23,11 +23,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.drafters.model import layer_skip_drafter
-from jaxspec.decoding.plan import plan, step_cost
 from jaxspec.decoding.api import generate
+from jaxspec.decoding.plan import plan, step_cost
 from jaxspec.decoding.runner import encode_prompts
 from jaxspec.decoding.sampling import argmax
+from jaxspec.drafters.model import layer_skip_drafter
 from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache
 from jaxspec.models.transformer import forward

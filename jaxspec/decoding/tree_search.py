@@ -26,12 +26,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.decoding import speculative
-from jaxspec.drafters.model import as_drafter
 from jaxspec.decoding.plan import relative_cost
 from jaxspec.decoding.runner import cache_len
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.decoding.skip_search import greedy_texts
 from jaxspec.decoding.trees import Tree, full_tree, make_tree
+from jaxspec.drafters.model import as_drafter
 from jaxspec.errors import UserError
 
 _ROWS = 8  # positions drafted per call

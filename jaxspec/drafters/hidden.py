@@ -28,9 +28,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.config import ModelConfig
-from jaxspec.drafters.base import Drafter, DraftSpec
 from jaxspec.decoding.sampling import DraftProbs, pick
 from jaxspec.decoding.trees import RowTree, grow
+from jaxspec.drafters.base import Drafter, DraftSpec
 from jaxspec.errors import UserError
 from jaxspec.models import layers as L
 from jaxspec.models.cache import init_cache

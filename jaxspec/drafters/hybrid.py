@@ -17,10 +17,10 @@ import numpy as np
 
 from jaxspec.drafters.base import Drafter, DraftSpec
 
-from jaxspec.drafters.ngram import NgramSpec
-from jaxspec.drafters.hidden import _WINDOW, HiddenSpec
 from jaxspec.decoding.sampling import DraftProbs
 from jaxspec.decoding.trees import Tree, branch, with_branch
+from jaxspec.drafters.hidden import _WINDOW, HiddenSpec
+from jaxspec.drafters.ngram import NgramSpec
 from jaxspec.errors import UserError
 
 

@@ -23,9 +23,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.drafters.base import Drafter, DraftSpec
 from jaxspec.decoding.sampling import DraftProbs, argmax
 from jaxspec.decoding.trees import Tree
+from jaxspec.drafters.base import Drafter, DraftSpec
 from jaxspec.errors import UserError
 
 

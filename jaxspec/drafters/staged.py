@@ -21,8 +21,8 @@ from jaxspec.drafters.base import Drafter, DraftSpec
 
 from jaxspec.drafters.model import ModelSpec
 
-from jaxspec.drafters.ngram import NgramSpec, ngram_drafter
 from jaxspec.decoding.sampling import DraftProbs, argmax, probs, sample
+from jaxspec.drafters.ngram import NgramSpec, ngram_drafter
 from jaxspec.errors import UserError
 from jaxspec.models.transformer import forward
 

@@ -30,12 +30,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import sharding
-from jaxspec.config import ModelConfig
-from jaxspec.errors import UserError
-from jaxspec.files import write_atomic
 from jaxspec.checkpoints import heads as ckpt_heads
+from jaxspec.config import ModelConfig
 from jaxspec.drafters import hidden
 from jaxspec.drafters.base import Drafter
+from jaxspec.errors import UserError
+from jaxspec.files import write_atomic
 from jaxspec.training import data, distill, drafter_init, heads, trainer
 
 DISTILL_KEYS = ("temperatures", "max_new_tokens", "block_size", "batch_size", "top_k", "top_p",

@@ -25,13 +25,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxspec import sharding as shd
 from jaxspec.config import ModelConfig
-from jaxspec.drafters.model import model_drafter
 from jaxspec.decoding.api import speculative_generate
+from jaxspec.drafters.model import model_drafter
 from jaxspec.errors import UserError
 from jaxspec.loading import forward_logits
 from jaxspec.models.model import Model
-from jaxspec import sharding as shd
 from jaxspec.training.data import Batches
 from jaxspec.training.losses import loss_fn_by_name
 

@@ -10,8 +10,8 @@ import pytest
 
 import jaxspec
 from jaxspec.decoding import sampling, speculative
-from jaxspec.drafters.ngram import NgramSpec
 from jaxspec.decoding.sampling import DraftProbs, Sampling, pick, probs
+from jaxspec.drafters.ngram import NgramSpec
 
 accept = jax.jit(speculative.accept, static_argnames="sampling")
 

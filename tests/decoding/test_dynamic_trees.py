@@ -14,8 +14,8 @@ import pytest
 
 import jaxspec
 from jaxspec.decoding import speculative, trees
-from jaxspec.drafters.hidden import head_params, hidden_drafter
 from jaxspec.decoding.sampling import Sampling
+from jaxspec.drafters.hidden import head_params, hidden_drafter
 from jaxspec.errors import UserError
 from jaxspec.models import layers as L
 

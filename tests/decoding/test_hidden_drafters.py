@@ -34,9 +34,9 @@ import pytest
 import jaxspec
 from jaxspec.checkpoints import heads
 from jaxspec.decoding import speculative, trees
+from jaxspec.decoding.sampling import Sampling, probs
 from jaxspec.drafters.base import Drafter
 from jaxspec.drafters.hidden import HiddenSpec, head_params, hidden_drafter
-from jaxspec.decoding.sampling import Sampling, probs
 from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache
 from jaxspec.models.transformer import forward

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.drafters.lookahead import LookaheadSpec
 from jaxspec.decoding.sampling import Sampling
+from jaxspec.drafters.lookahead import LookaheadSpec
 from jaxspec.errors import UserError
 from jaxspec.loading import parse_drafter
 

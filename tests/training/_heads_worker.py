@@ -19,11 +19,11 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxspec import sharding
 from jaxspec.config import ModelConfig
 from jaxspec.drafters import hidden
 from jaxspec.models.model import Model
 from jaxspec.models.params import param_shapes
-from jaxspec import sharding
 from jaxspec.training import data, heads, trainer
 
 TINY = ModelConfig(arch="llama", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,

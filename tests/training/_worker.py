@@ -20,10 +20,10 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxspec import sharding
 from jaxspec.config import ModelConfig
 from jaxspec.models.model import Model
 from jaxspec.models.params import param_shapes
-from jaxspec import sharding
 from jaxspec.training import data, trainer
 
 TINY = ModelConfig(arch="llama", vocab_size=264, hidden_size=64, num_layers=2, num_heads=8,

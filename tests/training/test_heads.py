@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 import jaxspec
+from jaxspec import sharding
 from jaxspec.checkpoints import heads as ckpt_heads
 from jaxspec.config import load_yaml
 from jaxspec.drafters import hidden
 from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache
 from jaxspec.models.transformer import forward
-from jaxspec import sharding
 from jaxspec.training import drafter_init, heads, recipe, trainer
 from jaxspec.training.data import Batches
 

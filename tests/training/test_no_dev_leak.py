@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from jaxspec.questions import read_questions
 from jaxspec.config import load_yaml
+from jaxspec.questions import read_questions
 
 ROOT = Path(__file__).parents[2]
 SPECBENCH = ROOT.parent / "shared" / "data" / "specbench"

@@ -10,8 +10,8 @@ import optax
 import pytest
 from jax.sharding import AbstractMesh
 
-from jaxspec.models.model import Model
 from jaxspec import sharding
+from jaxspec.models.model import Model
 from jaxspec.training import data, losses, trainer
 
 
