@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install jaxspec and the two embedded models into ./.venv, at the exact versions locked in
-# constraints.txt (Python 3.11).  --test adds the test extras.  --relock regenerates
+# constraints.txt (Python 3.11).  --test adds the test extras; --llamacpp adds llama.cpp for the
+# bench (built from source: a C++ compiler and cmake, ~20 minutes on 2 cores).  --relock regenerates
 # constraints.txt: it installs --test from pyproject.toml's ranges into a fresh temporary venv
 # and writes its `pip freeze` (jaxspec itself left out).
 set -euo pipefail
@@ -9,11 +10,22 @@ venv=.venv extras="" lock="-c constraints.txt"
 case "${1:-}" in
   "") ;;
   --test) extras="[test]" ;;
+  --llamacpp) extras="[llamacpp]" ;;
   --relock) tmp=$(mktemp -d) venv=$tmp/venv extras="[test]" lock=""
             trap 'rm -rf "$tmp"' EXIT ;;
-  *) echo "usage: bash install.sh [--test | --relock]" >&2; exit 2 ;;
+  *) echo "usage: bash install.sh [--test | --llamacpp | --relock]" >&2; exit 2 ;;
 esac
 install() { "$venv/bin/python" -m pip install -q $lock "$@"; }
+if [ "$extras" = "[llamacpp]" ]; then
+  # llama.cpp built for this CPU's vector units but without AMX: on these VMs its AMX matmul
+  # segfaults (ggml_backend_amx_mul_mat), and -march=native would turn it on.
+  flags="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+  for f in avx512f:AVX512 avx512vbmi:AVX512_VBMI avx512_vnni:AVX512_VNNI \
+           avx512_bf16:AVX512_BF16 avx_vnni:AVX_VNNI; do
+    grep -qw "${f%%:*}" /proc/cpuinfo && flags="$flags -DGGML_${f#*:}=ON"
+  done
+  export CMAKE_ARGS="$flags"
+fi
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 install --upgrade pip
 install -e ".${extras}"

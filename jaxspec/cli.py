@@ -66,7 +66,7 @@ def cmd_generate(args):
     import jaxspec
 
     o = _options(args, {"model": "smollm2-135m-instruct", "max_new_tokens": 64,
-                        "temperature": 0.0, "chat": False, "seed": 0, "dtype": "float32"})
+                        "temperature": 0.0, "chat": False, "seed": 0, "dtype": "auto"})
     if not o.get("prompt"):
         raise SystemExit("jaxspec generate: give --prompt")
     model = jaxspec.load(o["model"], dtype=o["dtype"], mesh=_mesh(o))
@@ -95,7 +95,7 @@ def cmd_bench(args):
 
     o = _options(args, {"questions": None, "out_dir": "runs/bench", "max_new_tokens": 64,
                         "gammas": [4], "temperatures": [0.0], "limit": None, "seed": 0,
-                        "dtype": "float32"})
+                        "dtype": "auto"})
     if not o.get("questions"):
         raise SystemExit("jaxspec bench: give --questions (a Spec-Bench question.jsonl)")
     runs = o.get("runs") or [{k: o[k] for k in ("target", "methods", "template", "chat", "stop")
@@ -106,6 +106,10 @@ def cmd_bench(args):
         run = {**{k: v for k, v in o.items() if k != "runs"}, **run}
         if not run.get("target") or not run.get("methods"):
             raise SystemExit("jaxspec bench: each run needs a target and methods")
+        if run["dtype"] == "auto":
+            from jaxspec.loading import native_dtype, resolve
+
+            run["dtype"] = native_dtype(resolve(run["target"]))
         if "ar" not in run["methods"]:
             run["methods"] = ["ar", *run["methods"]]
         methods = specbench.parse_methods(run["methods"], run["gammas"], run["temperatures"],
@@ -179,7 +183,7 @@ def cmd_profile(args):
     from jaxspec.decoding.profile import format_profile, profile, step_costs
     from jaxspec.loading import parse_drafter
 
-    o = _options(args, {"model": "gemma3-270m", "dtype": "float32", "refresh": False})
+    o = _options(args, {"model": "gemma3-270m", "dtype": "auto", "refresh": False})
     model = jaxspec.load(o["model"], dtype=o["dtype"])
     drafter = parse_drafter(o["drafter"], model) if o.get("drafter") else None
     r = profile(model, o["model"], drafter, o.get("drafter"), refresh=o["refresh"])
@@ -195,7 +199,7 @@ def cmd_plan(args):
     from jaxspec.decoding.profile import plan_drafter
     from jaxspec.loading import parse_drafter
 
-    o = _options(args, {"model": "gemma3-270m", "dtype": "float32", "gamma_max": 8,
+    o = _options(args, {"model": "gemma3-270m", "dtype": "auto", "gamma_max": 8,
                         "max_new_tokens": 64, "limit": 10, "template": "{prompt}"})
     if not o.get("drafter") or not (o.get("prompt") or o.get("questions")):
         raise SystemExit("jaxspec plan: give --drafter and --prompt or --questions")
@@ -219,7 +223,7 @@ def cmd_tune_layer_skip(args):
     import jaxspec
     from jaxspec.decoding import skip_search
 
-    o = _options(args, {"model": "gemma3-270m", "dtype": "float32", "gamma_max": 4,
+    o = _options(args, {"model": "gemma3-270m", "dtype": "auto", "gamma_max": 4,
                         "max_new_tokens": 64, "limit": 8, "template": "{prompt}", "max_skip": None,
                         "out": "configs/bench/layer_skip.yaml"})
     if not (o.get("prompt") or o.get("questions")):
@@ -251,7 +255,7 @@ def cmd_tune_tree(args):
     from jaxspec.decoding import profile, tree_search
     from jaxspec.loading import parse_drafter
 
-    o = _options(args, {"model": "gemma3-270m", "dtype": "float32", "width": 4, "depth": 4,
+    o = _options(args, {"model": "gemma3-270m", "dtype": "auto", "width": 4, "depth": 4,
                         "budget": 15, "max_new_tokens": 64, "limit": 8, "template": "{prompt}",
                         "out": "configs/bench/tree.yaml"})
     if not o.get("drafter") or not (o.get("prompt") or o.get("questions")):
@@ -429,8 +433,9 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--mesh", help="data,fsdp,tensor device mesh, e.g. 1,1,8 (one size may "
                                       "be -1); params, caches and rows are split over it")
     for s in (g, b, d, f, n, t, u):
-        s.add_argument("--dtype", choices=("float32", "bfloat16"),
-                       help="weight precision (activations stay float32)")
+        s.add_argument("--dtype", choices=("auto", "float32", "bfloat16"),
+                       help="weight precision (activations stay float32); auto (the default): "
+                            "the precision the model was trained in")
 
     for name, func, text in (
             ("distill", cmd_distill, "self-distillation: the target answers training prompts"),

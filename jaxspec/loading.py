@@ -30,6 +30,7 @@ from jaxspec.files import cache_root
 from jaxspec.models.cache import init_cache
 from jaxspec.models.model import Model
 from jaxspec.models.params import check_params
+from jaxspec.models.quant import quantize_params
 from jaxspec.models.transformer import forward
 
 
@@ -135,27 +136,58 @@ def _placer(shardings: dict, dtype):
     return place
 
 
-def load(name_or_path: str | os.PathLike, dtype=jnp.float32, cache: bool = True, mesh=None,
+DTYPES = ("auto", "float32", "bfloat16", "int8")
+
+
+def native_dtype(path: Path) -> str:
+    """The precision a model was trained in, as transformers' `dtype="auto"` reads it: a Hugging
+    Face directory's `torch_dtype` (float16 read as bfloat16), a jaxspec checkpoint's saved
+    dtype, and for a GGUF file float32 only when every tensor is stored in float32 (GGUF
+    files of models trained in 16 bits, quantised or not, give bfloat16)."""
+    if path.is_file() and path.suffix == ".gguf":
+        types = {t.tensor_type.name for t in gguf._open(path).tensors}
+        return "float32" if types == {"F32"} else "bfloat16"
+    if store.is_checkpoint(path):
+        return store.read_meta(path).get("dtype", "float32")
+    if not (path / "config.json").exists():
+        return "float32"  # not a model: `load` says what it is
+    config = json.loads((path / "config.json").read_text())
+    declared = str(config.get("torch_dtype") or config.get("dtype") or "float32")
+    return "bfloat16" if declared in ("bfloat16", "float16") else "float32"
+
+
+def load(name_or_path: str | os.PathLike, dtype="auto", cache: bool = True, mesh=None,
          rules=None) -> Model:
     """Load a registered model name, a `.gguf` file, a Hugging Face directory, or a jaxspec
     checkpoint directory. Converted GGUF files are cached under `$JAXSPEC_CACHE` (default
     ~/.cache/jaxspec) and reused.
 
-    `dtype` is the weights' precision: float32 (exact, the default) or bfloat16 (half the bytes
-    per step; products accumulate in float32 and activations stay float32).
+    `dtype` is the weights' precision: "auto" (the default: the precision the model was
+    trained in, `native_dtype`; bfloat16 for both embedded models), float32, bfloat16 (half
+    the bytes per step; products accumulate in float32 and activations stay float32), or int8
+    (a quarter: matrices quantised per output channel from float32, `models.quant`).
 
     With a `mesh` (`jaxspec.sharding.make_mesh`), params go straight onto it, split by `rules`
     (default `jaxspec.sharding.RULES`): a checkpoint is restored onto the target shardings by
     orbax, and a converted model is put one param at a time from its host copy, never whole
     on one device. Decoding then runs over the mesh."""
-    if str(dtype) not in ("float32", "bfloat16") and dtype not in (jnp.float32, jnp.bfloat16):
-        raise UserError(f"dtype must be float32 or bfloat16, got {dtype}")
+    if str(dtype) not in DTYPES and dtype not in (jnp.float32, jnp.bfloat16):
+        raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")
     name = str(name_or_path)
     path = resolve(name)
     if not path.exists():
         raise FileNotFoundError(
             f"{name!r} is neither a registered model ({', '.join(REGISTRY)}) nor an existing path")
     rules = sharding.RULES if mesh is not None and rules is None else rules
+    native = "float32" if heads.is_head(path) else native_dtype(path)
+    dtype = native if str(dtype) == "auto" else str(jnp.dtype(dtype))
+    if (native == "int8") != (dtype == "int8"):
+        if native == "int8":
+            raise UserError(f"{name!r} holds int8 weights: load it with dtype='int8' or 'auto'")
+        if mesh is not None:
+            raise UserError("int8 weights are not split over a mesh yet: load bfloat16 there")
+        model = load(name_or_path, "float32", cache)
+        return dataclasses.replace(model, params=quantize_params(model.params))
     shardings = place = None
     if mesh is not None:
         shardings = lambda config: sharding.param_shardings(config, mesh, rules)  # noqa: E731
@@ -195,7 +227,8 @@ def load(name_or_path: str | os.PathLike, dtype=jnp.float32, cache: bool = True,
     else:
         raise UserError(f"{path} has neither config.json (Hugging Face) nor {store.MARKER} "
                         f"(jaxspec checkpoint)")
-    params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
+    if dtype != "int8":
+        params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
     return Model(config, params, tokenizer, name, mesh, rules)
 
 
@@ -222,10 +255,11 @@ def config_of(name_or_path: str | os.PathLike) -> ModelConfig:
     raise FileNotFoundError(f"{name_or_path!r}: no model config found at {path}")
 
 
-def load_drafter(name_or_path: str | os.PathLike, dtype=jnp.float32,
+def load_drafter(name_or_path: str | os.PathLike, dtype=None,
                  target: Model | None = None) -> Drafter:
     """A saved drafter: a model (a reduced head brings its vocab ids from the checkpoint) or a
-    hidden-state head, which reads `target` (required; refused if it is not the head's target)."""
+    hidden-state head, which reads `target` (required; refused if it is not the head's target).
+    A model drafter takes `dtype`, by default its target's (or "auto" without a target)."""
     path = resolve(name_or_path)
     if heads.is_head(path):
         if target is None:
@@ -237,6 +271,8 @@ def load_drafter(name_or_path: str | os.PathLike, dtype=jnp.float32,
                               meta["vocab_ids"], meta["depth"], meta.get("tuned_gamma"),
                               name=str(name_or_path), tuned_tree=meta.get("tuned_tree"),
                               tuned_accept=meta.get("tuned_accept"))
+    if dtype is None:
+        dtype = "auto" if target is None else target.params["embed"].dtype
     model = load(name_or_path, dtype)
     ids = store.read_meta(path).get("vocab_ids") if store.is_checkpoint(path) else None
     return model_drafter(model, None if ids is None else np.asarray(ids, np.int32))
@@ -284,7 +320,7 @@ def parse_drafter(spec: str, target: Model) -> Drafter:
             raise UserError(f"lookahead takes lookahead[:W[:N[:G]]] (window, n-gram size, "
                             f"candidates), got {spec!r}")
         return lookahead_drafter(*map(int, wng))
-    return load_drafter(arg if kind == "drafter" else spec, target.params["embed"].dtype, target)
+    return load_drafter(arg if kind == "drafter" else spec, target=target)
 
 
 def check_token_ids(token_ids, vocab_size: int) -> np.ndarray:

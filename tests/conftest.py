@@ -44,7 +44,7 @@ def smollm2():
     """jaxspec.load("smollm2-135m-instruct"): Llama family, GGUF Q4_1, float32 params."""
     import jaxspec
 
-    return jaxspec.load("smollm2-135m-instruct")
+    return jaxspec.load("smollm2-135m-instruct", dtype="float32")
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +52,7 @@ def gemma3():
     """jaxspec.load("gemma3-270m"): Gemma 3, GGUF Q4_K_M, float32 params."""
     import jaxspec
 
-    return jaxspec.load("gemma3-270m")
+    return jaxspec.load("gemma3-270m", dtype="float32")
 
 
 @pytest.fixture

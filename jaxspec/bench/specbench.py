@@ -2,6 +2,7 @@
 
 Methods (`--methods`):
   ar                    jaxspec.generate (the baseline)
+  ar:int8               jaxspec.generate on the target loaded with int8 weights
   ngram[:N]             prompt lookup, n-grams up to N (default 3)
   layerskip:SPEC        the target with layers skipped; SPEC like "10-19" or "3,5,7"
   drafter:PATH          a trained jaxspec drafter (checkpoint dir, HF dir or GGUF)
@@ -9,6 +10,8 @@ Methods (`--methods`):
   lookahead[:W[:N[:G]]] Lookahead decoding (its own tree: once per temperature)
   hf                    transformers `generate`, PyTorch fp32, on the same weights
   hf-assisted:PATH      transformers assisted generation with that drafter
+  llama.cpp             llama.cpp on the target's GGUF (the `llamacpp` extra; skipped without it)
+  llama.cpp-lookup      llama.cpp with its prompt-lookup speculation
 Each runs at every gamma (speculative methods) and temperature given. Answer files are appended
 one question at a time, so a killed run resumes where it stopped.
 """
@@ -28,7 +31,8 @@ from jaxspec.decoding.trees import DynamicTree
 from jaxspec.errors import UserError
 from jaxspec.questions import append_answer, done_question_ids, read_questions
 
-KINDS = ("ar", "ngram", "layerskip", "drafter", "lookahead", "hf", "hf-assisted")
+KINDS = ("ar", "ngram", "layerskip", "drafter", "lookahead", "hf", "hf-assisted", "llama.cpp",
+         "llama.cpp-lookup")
 SPECULATIVE = ("ngram", "layerskip", "drafter", "hf-assisted")
 
 
@@ -67,6 +71,8 @@ def parse_methods(specs: Sequence[str], gammas: Sequence[int | str],
             raise UserError(f"unknown method {spec!r}; methods are {', '.join(KINDS)}")
         if kind in ("layerskip", "drafter", "hf-assisted") and not arg:
             raise UserError(f"method {kind} needs an argument: {kind}:...")
+        if kind == "ar" and arg not in ("", "int8"):
+            raise UserError(f"method {spec!r}: ar takes no argument or ar:int8")
         if kind in ("drafter", "hf-assisted"):
             from jaxspec.loading import REGISTRY
 
@@ -122,7 +128,7 @@ class _JaxRunner:
 def run_bench(target: str, questions: str, methods: Sequence[Method], out_dir: str, *,
               max_new_tokens: int = 64, template: str = "{prompt}", chat: bool = False,
               stop=None, limit: int | None = None, seed: int = 0,
-              dtype: str = "float32", mesh=None) -> dict[str, Path]:
+              dtype: str = "auto", mesh=None) -> dict[str, Path]:
     """Answer every question with every method; returns {method name: answer file}. The
     methods take turns on each question, so a burst of noise on the machine (minutes long on
     this shared CPU: the same method measured 10.1 s and 12.6 s in two runs) falls on all of
@@ -133,6 +139,12 @@ def run_bench(target: str, questions: str, methods: Sequence[Method], out_dir: s
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = jaxspec.load(target, dtype=dtype, mesh=mesh)
+    if any(m.kind.startswith("llama.cpp") for m in methods):
+        from jaxspec.bench.llama_cpp import missing
+
+        if why := missing():
+            print(f"jaxspec bench: skipping the llama.cpp rows: {why}", file=sys.stderr)
+            methods = [m for m in methods if not m.kind.startswith("llama.cpp")]
     files = {m.name: out / f"{m.name}.jsonl" for m in methods}
     done = {m.name: done_question_ids(files[m.name]) for m in methods}
     runners = {}
@@ -143,6 +155,11 @@ def run_bench(target: str, questions: str, methods: Sequence[Method], out_dir: s
         if m.kind.startswith("hf"):
             from jaxspec.bench.hf_baseline import HFRunner
             runners[m.name] = HFRunner(target, model, m, chat, stop)
+        elif m.kind.startswith("llama.cpp"):
+            from jaxspec.bench.llama_cpp import LlamaCppRunner
+            runners[m.name] = LlamaCppRunner(target, m.kind.endswith("lookup"), chat, stop)
+        elif m.kind == "ar" and m.arg == "int8":
+            runners[m.name] = _JaxRunner(jaxspec.load(target, dtype="int8"), m, chat, stop)
         else:
             runners[m.name] = _JaxRunner(model, m, chat, stop)
         warm_up = template.format(prompt=todo[0]["turns"][0])

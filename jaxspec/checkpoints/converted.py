@@ -17,7 +17,7 @@ from jaxspec.config import ModelConfig
 from jaxspec.files import cache_dir, warn_rebuild
 from jaxspec.models.params import check_params
 
-FORMAT = 1  # bump when conversion changes its output
+FORMAT = 2  # bump when conversion changes its output
 _META = "converted.json"
 
 

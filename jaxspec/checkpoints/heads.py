@@ -21,9 +21,10 @@ import ml_dtypes
 import numpy as np
 
 from jaxspec.errors import UserError
+from jaxspec.models.params import layer_from_in_major
 
 MARKER = "head.json"
-FORMAT = 1
+FORMAT = 2  # 1: matrices stored [in, out], read and turned to [out, in]
 _TARGET_FIELDS = ("arch", "hidden_size", "vocab_size", "num_heads", "num_kv_heads", "head_dim",
                   "intermediate_size")
 
@@ -66,7 +67,7 @@ def read_meta(path: str | os.PathLike) -> dict:
         meta = json.loads((Path(path) / MARKER).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise UserError(f"{path}/{MARKER} is unreadable: {e}") from None
-    if meta.get("format") != FORMAT:
+    if meta.get("format") not in (1, FORMAT):
         raise UserError(f"{path}: head format {meta.get('format')}, this jaxspec reads {FORMAT}")
     return meta
 
@@ -121,4 +122,18 @@ def load(path: str | os.PathLike) -> tuple[dict, dict]:
         for p in parts[:-1]:
             node = node.setdefault(p, {})
         node[parts[-1]] = value
+    if meta["format"] == 1:
+        head = _from_in_major(head)
     return meta, head
+
+
+def _from_in_major(head: dict) -> dict:
+    """A format-1 head's weights, saved [in, out], in today's [out, in] layout."""
+    head = dict(head)
+    if "fc" in head:
+        head["fc"] = head["fc"].T
+    if "w" in head:  # medusa, hydra: [depth, in, out]
+        head["w"] = np.swapaxes(head["w"], 1, 2)
+    if "layer" in head:
+        head["layer"] = layer_from_in_major(head["layer"])
+    return head

@@ -30,17 +30,17 @@ def _to_jax(name: str, w: np.ndarray, c: ModelConfig) -> np.ndarray:
     """One HF tensor (torch layout: Linear weight is [out, in]) -> jaxspec layout."""
     D, N, K, H = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
     if name == "wq":
-        return w.T.reshape(D, N, H)
+        return w.reshape(N, H, D)
     if name in ("wk", "wv"):
-        return w.T.reshape(D, K, H)
+        return w.reshape(K, H, D)
     if name == "wo":
-        return w.T.reshape(N, H, D)
+        return w.reshape(D, N, H)
     if name == "bq":
         return w.reshape(N, H)
     if name in ("bk", "bv"):
         return w.reshape(K, H)
     if name in ("w_gate", "w_up", "w_down"):
-        return w.T
+        return w
     if name.endswith("norm"):
         return w + _norm_offset(c)
     raise KeyError(name)
@@ -48,13 +48,13 @@ def _to_jax(name: str, w: np.ndarray, c: ModelConfig) -> np.ndarray:
 
 def _to_hf(name: str, w: np.ndarray, c: ModelConfig) -> np.ndarray:
     if name in ("wq", "wk", "wv"):
-        return w.reshape(c.hidden_size, -1).T
+        return w.reshape(-1, c.hidden_size)
     if name == "wo":
-        return w.reshape(-1, c.hidden_size).T
+        return w.reshape(c.hidden_size, -1)
     if name in ("bq", "bk", "bv"):
         return w.reshape(-1)
     if name in ("w_gate", "w_up", "w_down"):
-        return w.T
+        return w
     if name.endswith("norm"):
         return w - _norm_offset(c)
     raise KeyError(name)
@@ -88,7 +88,7 @@ def params_from_hf_state(get, config: ModelConfig, dtype=np.float32, progress=No
                                             + _norm_offset(config)).astype(dtype, copy=False)),
     }
     if not config.tie_embeddings:
-        params["lm_head"] = put(("lm_head",), fetch("lm_head.weight").T.astype(dtype, copy=False))
+        params["lm_head"] = put(("lm_head",), fetch("lm_head.weight").astype(dtype, copy=False))
     return params
 
 
@@ -96,7 +96,7 @@ def hf_state_from_params(params: dict, config: ModelConfig) -> dict[str, np.ndar
     state = {"model.embed_tokens.weight": params["embed"],
              "model.norm.weight": np.asarray(params["final_norm"]) - _norm_offset(config)}
     if not config.tie_embeddings:
-        state["lm_head.weight"] = np.asarray(params["lm_head"]).T
+        state["lm_head.weight"] = np.asarray(params["lm_head"])
     for i, lp in enumerate(params["layers"]):
         for ours, hf in layer_names(config).items():
             state[f"model.layers.{i}.{hf}"] = _to_hf(ours, np.asarray(lp[ours], np.float32), config)

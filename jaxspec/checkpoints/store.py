@@ -18,7 +18,7 @@ from jaxspec.config import ModelConfig
 from jaxspec.errors import UserError
 from jaxspec.models.params import check_params
 
-FORMAT = 2  # 2: one params dict per layer (1 stacked them)
+FORMAT = 3  # 2: matrices [in, out], read and turned to [out, in]; 1: layers stacked
 MARKER = "jaxspec.json"
 
 
@@ -33,7 +33,10 @@ def save(path: str | os.PathLike, params: dict, config: ModelConfig, tokenizer=N
     import orbax.checkpoint as ocp
     from jax.experimental import multihost_utils
 
-    dtypes = {str(x.dtype) for x in jax.tree.leaves(params)}
+    from jaxspec.models.quant import Int8
+
+    int8 = isinstance(params.get("embed"), Int8)
+    dtypes = {"int8"} if int8 else {str(x.dtype) for x in jax.tree.leaves(params)}
     if len(dtypes) != 1:
         raise UserError(f"params mix dtypes {sorted(dtypes)}")
     path = Path(path).absolute()
@@ -64,7 +67,7 @@ def read_meta(path: str | os.PathLike) -> dict:
         meta = json.loads(marker.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise UserError(f"{path} is not a readable jaxspec checkpoint: {e}") from e
-    if meta.get("format") != FORMAT:
+    if meta.get("format") not in (2, FORMAT):
         raise UserError(f"{path}: checkpoint format {meta.get('format')} is not {FORMAT}")
     return meta
 
@@ -77,7 +80,8 @@ def restore(path: str | os.PathLike, dtype=None, shardings=None):
     back without `params["embed"]`: `jaxspec.load` takes it from that target."""
     import orbax.checkpoint as ocp
 
-    from jaxspec.models.params import param_shapes
+    from jaxspec.models.params import from_in_major, param_shapes
+    from jaxspec.models.quant import from_restored
 
     path = Path(path).absolute()
     meta = read_meta(path)
@@ -96,7 +100,13 @@ def restore(path: str | os.PathLike, dtype=None, shardings=None):
                                 abstract, shardings)
     with ocp.StandardCheckpointer() as ckptr:
         try:
-            params = ckptr.restore(path / "params", abstract)
+            if meta["format"] == 2:  # as saved, then into today's layout and onto its devices
+                params = from_in_major(ckptr.restore(path / "params"))
+                params = jax.device_put(params, shardings) if shardings else params
+            elif dtype_saved == "int8":
+                params = from_restored(ckptr.restore(path / "params"))
+            else:
+                params = ckptr.restore(path / "params", abstract)
         except Exception as e:
             raise UserError(f"{path}: cannot restore params: {e}") from e
     if not meta.get("embed_from"):

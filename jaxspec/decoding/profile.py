@@ -137,7 +137,7 @@ def machine_id() -> str:
     return f"{cpu}|{os.cpu_count()} cores|{devices[0].device_kind} x{len(devices)}|jax {jax.__version__}"
 
 
-_FORMAT = 3  # bump when a measurement changes meaning: older cached profiles are not reused
+_FORMAT = 4  # bump when a measurement changes meaning (or the step it times changes speed)
 
 
 def _cache_path(model, model_name: str, dtype: str, drafter: str | None, what: str = "profile"):

@@ -59,7 +59,7 @@ def head_logits(shared, h_xD):
     """Logits over the head's K ids from a final-normed feature (or a head's prediction of one)."""
     lead = h_xD.shape[:-1]
     x_BxSxD = h_xD.reshape(-1, 1, h_xD.shape[-1])
-    return L.linear(x_BxSxD, shared["head_KxD"], w_in_axis=1).reshape(*lead, -1)
+    return L.linear(x_BxSxD, shared["head_KxD"]).reshape(*lead, -1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -429,14 +429,14 @@ def head_params(kind: str, config: ModelConfig, depth: int, key, target_params=N
     if kind == "medusa":  # zero: each head starts as the target's own head on f_p
         return {"w": jnp.zeros((depth, D, D), jnp.float32)}
     if kind == "hydra":
-        w = jax.random.normal(k1, (depth, 2 * D, D), jnp.float32) * (2 * D) ** -0.5
+        w = jax.random.normal(k1, (depth, D, 2 * D), jnp.float32) * (2 * D) ** -0.5
         return {"w": w, "norm": jnp.ones((depth, D), jnp.float32)}
     if kind == "eagle":
         one = dataclasses.replace(config, num_layers=1, layer_types=(), head_vocab_size=None)
         layer = (jax.tree.map(lambda x: jnp.asarray(x, jnp.float32),
                               target_params["layers"][-1]) if target_params is not None
                  else init_params(one, k2)["layers"][0])
-        fc = jax.random.normal(k1, (2 * D, D), jnp.float32) * (2 * D) ** -0.5
+        fc = jax.random.normal(k1, (D, 2 * D), jnp.float32) * (2 * D) ** -0.5
         return {"fc": fc, "layer": layer}
     raise UserError(f"unknown hidden-state drafter kind {kind!r}; use one of {KINDS}")
 
@@ -445,7 +445,7 @@ def shared_params(target_params, vocab_ids) -> dict:
     """The target's arrays a head reads: embedding, final norm and the head rows at vocab_ids."""
     ids = jnp.asarray(vocab_ids, jnp.int32)
     head = target_params.get("lm_head")
-    head_KxD = head[:, ids].T if head is not None else target_params["embed"][ids]
+    head_KxD = (head if head is not None else target_params["embed"])[ids]
     return {"embed": target_params["embed"], "final_norm": target_params["final_norm"],
             "head_KxD": head_KxD}
 

@@ -12,6 +12,7 @@ import numpy as np
 from jaxspec.config import RopeScaling
 from jaxspec.errors import UserError
 from jaxspec.models.cache import stored, values
+from jaxspec.models.quant import Int8, linear_int8
 
 MIN_ROWS = 3  # bfloat16 products on CPU run at least this many rows (see `linear`)
 # XLA:CPU's product of a query's heads with the keys rounds differently for different query
@@ -21,34 +22,34 @@ PER_QUERY_SCORES = 32
 _MASKED = -1e30  # finite, so a fully masked (padding) query gives a uniform softmax, not NaN
 
 
-def linear(x_BxSxD, w, w_in_axis: int = 0):
-    """x @ w in float32: w is [D, F] (`w_in_axis` 0) or [F, D] (1, e.g. a tied embedding as the
-    output head). Every weight product of the model goes through here.
+def linear(x_BxSxD, w_FxD):
+    """x @ w.T in float32, w stored [out, in] (a tied embedding serves as the output head as it
+    is). Every weight product of the model goes through here.
 
-    On CPU, XLA runs bfloat16 products over two or more rows in a library GEMM (YNNPACK) that is
-    nearly flat from 2 to 16 rows, but a single row in a slow loop (about 10x the two-row time).
-    Its kernel for two rows rounds differently from the one for three or more, so fewer rows are
-    padded to `MIN_ROWS`: a row's result is then the same whatever the row count, and a verify
-    pass picks the tokens one-position steps pick (tests/models/test_row_invariance.py). A
-    [F, D] weight streams near memory bandwidth when it is the left operand and the [F, rows]
-    result is transposed after a barrier (Gemma 3's head: 15 ms against 23 ms as the right
-    operand). Float32 takes XLA's choice: a matrix-vector product near
-    memory bandwidth for one row, a GEMM for more. Other backends: a plain dot.
+    On CPU the weight is the left operand and the [F, rows] result is transposed after a
+    barrier: XLA then streams the weight near memory bandwidth (Gemma 3 270M's body products
+    twice as fast as with the weight on the right, its head 1.5x). XLA runs bfloat16 products
+    over two or more rows in a library GEMM (YNNPACK), but a single row in a slow loop (about 10x
+    the two-row time), and its kernel for two rows rounds differently from the one for three or
+    more, so fewer rows are padded to `MIN_ROWS`: a row's result is then the same whatever the
+    row count, and a verify pass picks the tokens one-position steps pick
+    (tests/models/test_row_invariance.py). Float32 takes XLA's choice: a matrix-vector product
+    for one row, a GEMM for more. Other backends: a plain dot. int8 weights: `quant`.
     """
     B, S, D = x_BxSxD.shape
-    x_RxD = x_BxSxD.reshape(B * S, D).astype(w.dtype)
-    if not (w.dtype == jnp.bfloat16 and jax.default_backend() == "cpu"):
-        y_RxF = jax.lax.dot_general(x_RxD, w, (((1,), (w_in_axis,)), ((), ())),
+    if isinstance(w_FxD, Int8):
+        return linear_int8(x_BxSxD.reshape(B * S, D).astype(jnp.float32), w_FxD,
+                           MIN_ROWS).reshape(B, S, -1)
+    x_RxD = x_BxSxD.reshape(B * S, D).astype(w_FxD.dtype)
+    if jax.default_backend() != "cpu":
+        y_RxF = jax.lax.dot_general(x_RxD, w_FxD, (((1,), (1,)), ((), ())),
                                     preferred_element_type=jnp.float32)
         return y_RxF.reshape(B, S, -1)
-    x_PxD = jnp.pad(x_RxD, ((0, max(0, MIN_ROWS - B * S)), (0, 0)))
-    if w_in_axis == 1:
-        y_FxP = jax.lax.dot_general(w, x_PxD, (((1,), (1,)), ((), ())),
-                                    preferred_element_type=jnp.float32)
-        y_PxF = jax.lax.optimization_barrier(y_FxP).T
-    else:
-        y_PxF = jax.lax.dot_general(x_PxD, w, (((1,), (0,)), ((), ())),
-                                    preferred_element_type=jnp.float32)
+    rows = MIN_ROWS if w_FxD.dtype == jnp.bfloat16 else 1
+    x_PxD = jnp.pad(x_RxD, ((0, max(0, rows - B * S)), (0, 0)))
+    y_FxP = jax.lax.dot_general(w_FxD, x_PxD, (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32)
+    y_PxF = jax.lax.optimization_barrier(y_FxP).T
     return y_PxF[:B * S].reshape(B, S, -1)
 
 
@@ -56,7 +57,11 @@ def embed(table_VxD, tokens):
     """Rows `tokens` of an embedding table, as float32. XLA:CPU gathers bfloat16 by converting
     the whole table to float32 first (Gemma 3: 671 MB written, 0.1-0.4 s per call, hoisted out
     of the decode loop); gathered as 16-bit integers instead, behind a barrier with the tokens
-    so that the table's reinterpretation is not hoisted (and copied) either."""
+    so that the table's reinterpretation is not hoisted (and copied) either. An int8 table
+    gathers its int8 rows and their scales."""
+    if isinstance(table_VxD, Int8):
+        return (table_VxD.q[tokens].astype(jnp.float32) * table_VxD.scale[tokens][..., None]
+                * table_VxD.col)
     if table_VxD.dtype != jnp.bfloat16:
         return table_VxD[tokens].astype(jnp.float32)
     table_VxD, tokens = jax.lax.optimization_barrier((table_VxD, tokens))
@@ -221,6 +226,6 @@ def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, wind
     return jax.lax.optimization_barrier(out.reshape(B, S, N * H))
 
 
-def gated_mlp(x_BxSxD, w_gate_DxF, w_up_DxF, w_down_FxD, activation):
-    gate = activation(linear(x_BxSxD, w_gate_DxF))
-    return linear(gate * linear(x_BxSxD, w_up_DxF), w_down_FxD)
+def gated_mlp(x_BxSxD, w_gate_FxD, w_up_FxD, w_down_DxF, activation):
+    gate = activation(linear(x_BxSxD, w_gate_FxD))
+    return linear(gate * linear(x_BxSxD, w_up_FxD), w_down_DxF)

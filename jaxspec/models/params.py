@@ -2,25 +2,28 @@
 
 `params["layers"]` is a list with one dict per layer: the forward pass runs them unrolled, since on
 XLA:CPU slicing stacked weights inside a scan copied every layer each step (a decode step took
-1.5x as long). Norm weights hold the full multiplier (Gemma's `1 + w` is folded in), so one
-`rms_norm` serves both families.
+1.5x as long). Matrices are stored [out, in] (as torch's Linear): on XLA:CPU a product streams
+the weight fastest as the left operand (`layers.linear`). Norm weights hold the full multiplier
+(Gemma's `1 + w` is folded in), so one `rms_norm` serves both families.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxspec import archs
 from jaxspec.config import ModelConfig
 from jaxspec.errors import UserError
+from jaxspec.models.quant import Int8
 
 _LAYER_AXES = {
     "attn_norm": ("embed",),
-    "wq": ("embed", "heads", "head_dim"),
-    "wk": ("embed", "kv_heads", "head_dim"),
-    "wv": ("embed", "kv_heads", "head_dim"),
-    "wo": ("heads", "head_dim", "embed"),
+    "wq": ("heads", "head_dim", "embed"),
+    "wk": ("kv_heads", "head_dim", "embed"),
+    "wv": ("kv_heads", "head_dim", "embed"),
+    "wo": ("embed", "heads", "head_dim"),
     "bq": ("heads", "head_dim"),
     "bk": ("kv_heads", "head_dim"),
     "bv": ("kv_heads", "head_dim"),
@@ -28,9 +31,9 @@ _LAYER_AXES = {
     "k_norm": ("head_dim",),
     "post_attn_norm": ("embed",),
     "mlp_norm": ("embed",),
-    "w_gate": ("embed", "mlp"),
-    "w_up": ("embed", "mlp"),
-    "w_down": ("mlp", "embed"),
+    "w_gate": ("mlp", "embed"),
+    "w_up": ("mlp", "embed"),
+    "w_down": ("embed", "mlp"),
     "post_mlp_norm": ("embed",),
 }
 
@@ -47,7 +50,7 @@ def param_axes(config: ModelConfig) -> dict:
     axes = {"embed": ("vocab", "embed"), "layers": [dict(lay) for _ in range(config.num_layers)],
             "final_norm": ("embed",)}
     if not config.tie_embeddings:
-        axes["lm_head"] = ("embed", "head_vocab" if config.head_vocab_size else "vocab")
+        axes["lm_head"] = ("head_vocab" if config.head_vocab_size else "vocab", "embed")
     return axes
 
 
@@ -77,11 +80,31 @@ def init_params(config: ModelConfig, key, dtype=jnp.float32, std: float = 0.02) 
     return jax.tree.unflatten(treedef, leaves)
 
 
+# How each matrix moved when params went from [in, out] to [out, in] (jaxspec checkpoints of
+# format 2 and head files of format 1 hold the old layout).
+_TO_OUT_MAJOR = {"wq": (1, 2, 0), "wk": (1, 2, 0), "wv": (1, 2, 0), "wo": (2, 0, 1),
+                 "w_gate": (1, 0), "w_up": (1, 0), "w_down": (1, 0)}
+
+
+def layer_from_in_major(lp: dict) -> dict:
+    """A layer's params saved in the old [in, out] layout, in today's."""
+    return {k: np.transpose(np.asarray(v), _TO_OUT_MAJOR[k]) if k in _TO_OUT_MAJOR else v
+            for k, v in lp.items()}
+
+
+def from_in_major(params: dict) -> dict:
+    """A model's params saved in the old [in, out] layout, in today's."""
+    params = {**params, "layers": [layer_from_in_major(lp) for lp in params["layers"]]}
+    if "lm_head" in params:
+        params["lm_head"] = np.asarray(params["lm_head"]).T
+    return params
+
+
 def check_params(params: dict, config: ModelConfig) -> None:
     """Raise UserError naming the first param whose presence or shape disagrees with config."""
     want = param_shapes(config)
     want_flat = dict(jax.tree.flatten_with_path(want, is_leaf=lambda x: isinstance(x, tuple))[0])
-    got_flat = dict(jax.tree.flatten_with_path(params)[0])
+    got_flat = dict(jax.tree.flatten_with_path(params, is_leaf=lambda x: isinstance(x, Int8))[0])
     for path in want_flat.keys() - got_flat.keys():
         raise UserError(f"param {jax.tree_util.keystr(path)} is missing")
     for path in got_flat.keys() - want_flat.keys():

@@ -25,9 +25,9 @@ def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig
     arch = archs.get(config.arch)
     B, S, D = x.shape
     h = L.rms_norm(x, lp["attn_norm"], config.rms_eps)
-    q = L.linear(h, lp["wq"].reshape(D, -1)).reshape(B, S, config.num_heads, config.head_dim)
-    k = L.linear(h, lp["wk"].reshape(D, -1)).reshape(B, S, config.num_kv_heads, config.head_dim)
-    v = L.linear(h, lp["wv"].reshape(D, -1)).reshape(B, S, config.num_kv_heads, config.head_dim)
+    q = L.linear(h, lp["wq"].reshape(-1, D)).reshape(B, S, config.num_heads, config.head_dim)
+    k = L.linear(h, lp["wk"].reshape(-1, D)).reshape(B, S, config.num_kv_heads, config.head_dim)
+    v = L.linear(h, lp["wv"].reshape(-1, D)).reshape(B, S, config.num_kv_heads, config.head_dim)
     if config.qkv_bias:
         q, k, v = q + lp["bq"][None, None], k + lp["bk"][None, None], v + lp["bv"][None, None]
     if arch.qk_norm:
@@ -39,7 +39,7 @@ def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig
     v_cache = L.write_cache(v_cache, v, at)
     scale = config.query_scale or config.head_dim ** -0.5
     attn = L.attention(q, k_cache, v_cache, positions, scale, window, view)
-    attn = L.linear(attn, lp["wo"].reshape(-1, D))
+    attn = L.linear(attn, lp["wo"].reshape(D, -1))
     if arch.sandwich_norms:
         attn = L.rms_norm(attn, lp["post_attn_norm"], config.rms_eps)
     x = x + attn
@@ -95,11 +95,8 @@ def head(params, config: ModelConfig, x_BxSxD, rows=None):
     """Logits of hidden states: the final norm, then the output head (the tied embedding when
     there is no `lm_head`); `rows` [K] keeps only those vocabulary rows."""
     x = L.rms_norm(x_BxSxD, params["final_norm"], config.rms_eps)
-    if "lm_head" in params:
-        w = params["lm_head"] if rows is None else params["lm_head"][:, rows]
-        return L.linear(x, w)
-    w = params["embed"] if rows is None else params["embed"][rows]
-    return L.linear(x, w, w_in_axis=1)
+    w_VxD = params["lm_head"] if "lm_head" in params else params["embed"]
+    return L.linear(x, w_VxD if rows is None else w_VxD[rows])
 
 
 def fill_cache(params, config: ModelConfig, tokens_BxT, n_B, cache: KVCache,

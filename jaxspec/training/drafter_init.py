@@ -59,14 +59,14 @@ def frequent_vocab(token_ids: Iterable[Sequence[int]], size: int, vocab_size: in
 
 def reduce_head(config: ModelConfig, params: dict,
                 vocab_ids: np.ndarray) -> tuple[ModelConfig, dict]:
-    """Keep only the head columns of `vocab_ids`; the embedding stays full."""
+    """Keep only the head rows of `vocab_ids`; the embedding stays full."""
     if config.head_vocab_size is not None:
         raise UserError("the head is already reduced")
     vocab_ids = np.asarray(vocab_ids, np.int32)
     if vocab_ids.ndim != 1 or vocab_ids.min() < 0 or vocab_ids.max() >= config.vocab_size:
         raise UserError(f"vocab_ids must be a 1-D array of ids in [0, {config.vocab_size})")
-    head_DxV = params["lm_head"] if "lm_head" in params else params["embed"].T
-    params = dict(params, lm_head=jnp.asarray(head_DxV[:, vocab_ids]))
+    head_VxD = params["lm_head"] if "lm_head" in params else params["embed"]
+    params = dict(params, lm_head=jnp.asarray(head_VxD[vocab_ids]))
     return config.replace(tie_embeddings=False, head_vocab_size=len(vocab_ids)), params
 
 

@@ -1,13 +1,16 @@
 """Bad input gives a clear error (GGUFError / ValueError naming the problem), never a crash or
 silently wrong numbers: corrupt and truncated GGUF files, unknown architectures, inconsistent
 configs, out-of-vocabulary ids, sequences longer than the cache or the model, broken checkpoint
-directories."""
+directories. And the precision `load` picks without a dtype (`native_dtype`): bfloat16 for both
+embedded GGUF models, float32 for an all-float32 GGUF, a Hugging Face directory's torch_dtype, a
+checkpoint's saved dtype."""
 
 import json
 import shutil
 
 import gguf as gguf_pkg
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -283,7 +286,7 @@ def test_checkpoint_control_loads(checkpoint):
 
 @pytest.mark.parametrize("damage, match", [
     (lambda p: (p / "jaxspec.json").write_text("{not json"), "not a readable jaxspec checkpoint"),
-    (lambda p: (p / "jaxspec.json").write_text(json.dumps({"format": 99})), "format 99 is not 2"),
+    (lambda p: (p / "jaxspec.json").write_text(json.dumps({"format": 99})), "format 99 is not 3"),
     (lambda p: shutil.rmtree(p / "params"), "cannot restore params"),
     (lambda p: [f.write_bytes(b"garbage") for f in (p / "params").rglob("*") if f.is_file()],
      "cannot restore params"),
@@ -308,3 +311,60 @@ def test_checkpoint_config_disagreeing_with_params(checkpoint):
     (checkpoint / "jaxspec.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="unknown ModelConfig keys"):
         jaxspec.load(checkpoint)
+
+
+def test_checkpoint_of_the_old_layout_loads_in_the_new(tmp_path):
+    """A format-2 checkpoint (matrices saved [in, out], lm_head [embed, vocab]) restores into
+    today's [out, in] layout with the same numbers."""
+    import orbax.checkpoint as ocp
+
+    config = TINY.replace(tie_embeddings=False)
+    params = init_params(config, jax.random.key(1))
+    old_layers = [{k: np.transpose(np.asarray(v), {2: (2, 0, 1), 1: (1, 0)}[v.ndim - 1])
+                   if k in ("wq", "wk", "wv", "w_gate", "w_up", "w_down") else
+                   (np.transpose(np.asarray(v), (1, 2, 0)) if k == "wo" else np.asarray(v))
+                   for k, v in lp.items()} for lp in params["layers"]]
+    old = {**params, "layers": old_layers, "lm_head": np.asarray(params["lm_head"]).T}
+    path = store.save(tmp_path / "new", params, config)
+    meta = json.loads((path / "jaxspec.json").read_text())
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(tmp_path / "old" / "params", old)
+    (tmp_path / "old" / "jaxspec.json").write_text(json.dumps({**meta, "format": 2}))
+    got = jaxspec.load(tmp_path / "old", dtype="float32").params
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# --- the default precision ----------------------------------------------------------------
+
+def test_native_dtype_of_gguf_files():
+    for name in ("smollm2-135m-instruct", "gemma3-270m"):  # Q4_1 and Q4_K_M: trained in bf16
+        assert loading.native_dtype(loading.resolve(name)) == "bfloat16"
+
+
+def test_all_float32_gguf_is_float32(tmp_path):
+    write_tiny_gguf(tmp_path / "tiny.gguf")
+    assert loading.native_dtype(tmp_path / "tiny.gguf") == "float32"
+
+
+@pytest.mark.parametrize("declared, want", [({"torch_dtype": "bfloat16"}, "bfloat16"),
+                                            ({"dtype": "float16"}, "bfloat16"),
+                                            ({"torch_dtype": "float32"}, "float32"),
+                                            ({}, "float32")])
+def test_hugging_face_config_declares_it(tmp_path, declared, want):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", **declared}))
+    assert loading.native_dtype(tmp_path) == want
+
+
+def test_checkpoint_keeps_its_saved_dtype(tmp_path):
+    params = jax.tree.map(lambda x: x.astype(jnp.bfloat16), init_params(TINY, jax.random.key(0)))
+    path = store.save(tmp_path / "ckpt", params, TINY)
+    assert jaxspec.load(path).params["embed"].dtype == jnp.bfloat16
+    assert jaxspec.load(path, dtype="float32").params["embed"].dtype == jnp.float32
+    drafter = jaxspec.load_drafter(path, target=jaxspec.load(path, dtype="float32"))
+    assert drafter.params["model"]["embed"].dtype == jnp.float32  # a drafter takes its target's
+
+
+def test_unknown_dtype_is_refused():
+    with pytest.raises(ValueError, match="dtype must be one of auto, float32, bfloat16, int8"):
+        jaxspec.load("gemma3-270m", dtype="float16")

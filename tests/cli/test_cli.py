@@ -201,6 +201,22 @@ def test_bench_writes_answers_and_report(tiny_model, questions, tmp_path, capsys
     assert f"{tiny_model} (bfloat16)" in results
 
 
+def test_bench_int8_row_and_llama_cpp_skipped_without_its_extra(tiny_model, questions, tmp_path,
+                                                               capsys, monkeypatch):
+    """`ar:int8` answers on the target loaded in int8; without llama-cpp-python the llama.cpp
+    rows are skipped with the install command, not failed, and the other rows still run."""
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import llama_cpp raises ImportError
+    out_dir = tmp_path / "bench"
+    cli.main(["bench", "--questions", str(questions), "--target", str(tiny_model),
+              "--methods", "ar", "ar:int8", "llama.cpp", "llama.cpp-lookup",
+              "--max-new-tokens", "6", "--out-dir", str(out_dir), "--dtype", "bfloat16"])
+    err = capsys.readouterr().err
+    assert "skipping the llama.cpp rows" in err and "bash install.sh --llamacpp" in err
+    run_dir = out_dir / f"{tiny_model.name}-bfloat16"
+    assert {p.stem for p in run_dir.glob("*.jsonl")} == {"ar-t0", "ar-int8-t0"}
+    assert "ar-int8" in (run_dir / "report.md").read_text()
+
+
 def test_bench_refuses_two_methods_with_one_name(tmp_path):
     from jaxspec.bench import specbench
 

@@ -57,8 +57,8 @@ def subset_head_drafter(model, vocab_ids, seed=3, scale=0.3):
     vocab_ids = np.asarray(vocab_ids, np.int32)
     cfg = model.config.replace(tie_embeddings=False, head_vocab_size=len(vocab_ids))
     noisy = perturbed(model, seed, scale).params
-    head = noisy["lm_head"] if "lm_head" in noisy else noisy["embed"].T
-    params = {**noisy, "lm_head": head[:, vocab_ids]}
+    head_VxD = noisy["lm_head"] if "lm_head" in noisy else noisy["embed"]
+    params = {**noisy, "lm_head": head_VxD[vocab_ids]}
     return jaxspec.model_drafter(jaxspec.Model(cfg, params, None, "subset"), vocab_ids)
 
 

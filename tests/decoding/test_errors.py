@@ -23,7 +23,7 @@ def test_reduced_head_vocab_ids(tiny, target):
             target, tiny.subset_head_drafter(target, list(range(10)) + [70]), [[1, 2]], gamma=2,
             max_new_tokens=4)
     cfg = target.config.replace(tie_embeddings=False, head_vocab_size=4)
-    head = jaxspec.Model(cfg, {**target.params, "lm_head": target.params["embed"][:4].T})
+    head = jaxspec.Model(cfg, {**target.params, "lm_head": target.params["embed"][:4]})
     with pytest.raises(ValueError, match="needs vocab_ids"):
         jaxspec.model_drafter(head)
     with pytest.raises(ValueError, match=r"vocab_ids has shape \(3,\), head has 4 entries"):

@@ -60,9 +60,9 @@ def test_every_mesh_decodes_the_tokens_of_one_device(meshes):
 def test_params_and_caches_are_split(meshes):
     """(2,1,4): heads, kv heads, MLP and vocabulary over tensor (4), rows over data (2)."""
     s = meshes["shardings"]
-    assert s["wq"]["shape"] == [32, 16, 4] and s["wq"]["shard"] == [32, 4, 4]
-    assert s["wk"]["shard"] == [32, 2, 4]
-    assert s["w_down"]["shard"] == [16, 32]
+    assert s["wq"]["shape"] == [16, 4, 32] and s["wq"]["shard"] == [4, 4, 32]
+    assert s["wk"]["shard"] == [2, 4, 32]
+    assert s["w_down"]["shard"] == [32, 16]
     assert s["embed"]["shard"] == [16, 32]  # the tied output head, split by vocabulary
     for cache in ("cache", "drafter_cache"):
         assert s[cache]["shape"] == [8, 64, 8, 4]
@@ -73,7 +73,7 @@ def test_params_and_caches_are_split(meshes):
 
 def test_load_puts_a_checkpoint_onto_the_mesh(meshes):
     loaded = meshes["loaded"]
-    assert loaded["wq"] == "('fsdp', 'tensor', None)" and loaded["wq_shard"] == [32, 2, 4]
+    assert loaded["wq"] == "('tensor', None, 'fsdp')" and loaded["wq_shard"] == [2, 4, 32]
     assert loaded["tokens"] == meshes["ref"]["llama/ar/0.0"]
 
 

@@ -34,7 +34,7 @@ def bigram(model):
     layers = [{**lp, "wo": 0 * lp["wo"], "w_down": 0 * lp["w_down"]}
               for lp in model.params["layers"]]
     cfg = model.config
-    head = jax.random.normal(jax.random.key(5), (cfg.hidden_size, cfg.vocab_size))
+    head = jax.random.normal(jax.random.key(5), (cfg.vocab_size, cfg.hidden_size))
     return jaxspec.Model(cfg.replace(tie_embeddings=False),
                          {**model.params, "layers": layers, "lm_head": head}, None, "bigram")
 

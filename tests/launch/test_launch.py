@@ -197,3 +197,22 @@ def test_decode_and_bench_entry_points_dry_run():
 
     for sub in ("generate", "bench"):
         assert parser().parse_args([sub, "--mesh", "2,1,4"]).mesh == "2,1,4"
+
+
+# --- GPU benchmark --------------------------------------------------------------------------
+
+def test_gpu_bench_dry_run_writes_its_report(tmp_path):
+    """The accelerator benchmark runs end to end on CPU with a tiny model and writes both files:
+    every precision has a step cost per size and tokens/s per batch, and the loop its costs."""
+    out = tmp_path / "device"
+    run(LAUNCH / "gpu_bench.sh", "--dry-run", "--out", out,
+        env={"PYTHON": sys.executable}, timeout=600)
+    r = json.loads((out / "results.json").read_text())
+    assert r["dry_run"] and r["backend"] == "cpu"
+    assert set(r["dtypes"]) == {"float32", "bfloat16", "int8"}
+    for d in r["dtypes"].values():
+        assert set(d["target_ms"]) == {"1", "4"} and all(t > 0 for t in d["target_ms"].values())
+        assert set(d["tokens_per_s"]) == {"1", "2"} and all(t > 0
+                                                            for t in d["tokens_per_s"].values())
+    assert len(r["dtypes"]["bfloat16"]["loop_ms_by_gamma"]) == 3
+    assert "| int8 |" in (out / "report.md").read_text()

@@ -19,34 +19,30 @@ SHAPES = [(1, 1, 16, 24), (1, 2, 16, 24), (2, 1, 40, 97), (1, 3, 64, 1001), (3, 
 
 
 def _case(B, S, D, F, seed):
+    """x [B, S, D] and a weight stored [F, D], as the model stores its weights."""
     rng = np.random.default_rng(seed)
     return rng.standard_normal((B, S, D)).astype(np.float32), \
-        rng.standard_normal((D, F)).astype(np.float32)
+        rng.standard_normal((F, D)).astype(np.float32)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("w_in_axis", [0, 1])
-def test_float32_linear_equals_the_plain_product(shape, w_in_axis):
-    x, w_DxF = _case(*shape, seed=sum(shape))
-    w = w_DxF if w_in_axis == 0 else np.ascontiguousarray(w_DxF.T)
-    want = np.einsum("bsd,df->bsf", x.astype(np.float64), w_DxF.astype(np.float64))
-    got = jax.jit(L.linear, static_argnums=2)(jnp.asarray(x), jnp.asarray(w), w_in_axis)
+def test_float32_linear_equals_the_plain_product(shape):
+    x, w_FxD = _case(*shape, seed=sum(shape))
+    want = np.einsum("bsd,fd->bsf", x.astype(np.float64), w_FxD.astype(np.float64))
+    got = jax.jit(L.linear)(jnp.asarray(x), jnp.asarray(w_FxD))
     assert got.dtype == jnp.float32 and got.shape == want.shape
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("w_in_axis", [0, 1])
-def test_bfloat16_linear_accumulates_in_float32(shape, w_in_axis):
-    """Single rows take the padded path on CPU, [F, D] weights the transposed product; every
-    shape must equal the float64 product of the bfloat16-rounded inputs, to float32 error."""
-    x, w = _case(*shape, seed=sum(shape) + 1)
+def test_bfloat16_linear_accumulates_in_float32(shape):
+    """Single rows take the padded path on CPU; every shape must equal the float64 product of
+    the bfloat16-rounded inputs, to float32 error."""
+    x, w_FxD = _case(*shape, seed=sum(shape) + 1)
     xb, wb = (np.asarray(jnp.asarray(a, jnp.bfloat16).astype(jnp.float32), np.float64)
-              for a in (x, w))
-    want = np.einsum("bsd,df->bsf", xb, wb)
-    w = w if w_in_axis == 0 else np.ascontiguousarray(w.T)
-    got = jax.jit(L.linear, static_argnums=2)(jnp.asarray(x), jnp.asarray(w, jnp.bfloat16),
-                                              w_in_axis)
+              for a in (x, w_FxD))
+    want = np.einsum("bsd,fd->bsf", xb, wb)
+    got = jax.jit(L.linear)(jnp.asarray(x), jnp.asarray(w_FxD, jnp.bfloat16))
     assert got.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 

@@ -165,9 +165,9 @@ def test_tau_is_measured_every_k_steps_and_logged(tmp_path, worker):
 def test_sharding_rules_and_clear_errors(worker):
     mesh = AbstractMesh((1, 2, 4), sharding.MESH_AXES)
     sh = sharding.param_shardings(worker.TINY, mesh)
-    assert sh["layers"][0]["wq"].spec == jax.P("fsdp", "tensor", None)
+    assert sh["layers"][0]["wq"].spec == jax.P("tensor", None, "fsdp")
     assert sh["embed"].spec == jax.P("tensor", "fsdp")
-    with pytest.raises(ValueError, match=r"param \['layers'\]\[0\]\['wk'\]: dim 1 .* size 4, which "
+    with pytest.raises(ValueError, match=r"param \['layers'\]\[0\]\['wk'\]: dim 0 .* size 4, which "
                                          r"mesh axes tensor \(size 8\) do not divide"):
         sharding.param_shardings(worker.TINY, AbstractMesh((1, 1, 8), sharding.MESH_AXES))
     with pytest.raises(ValueError, match="needs 2 devices, 1 are available"):
