@@ -428,15 +428,15 @@ def head_params(kind: str, config: ModelConfig, depth: int, key, target_params=N
     k1, k2 = jax.random.split(key)
     if kind == "medusa":  # zero: each head starts as the target's own head on f_p
         return {"w": jnp.zeros((depth, D, D), jnp.float32)}
-    if kind == "hydra":
-        w = jax.random.normal(k1, (depth, D, 2 * D), jnp.float32) * (2 * D) ** -0.5
+    if kind == "hydra":  # drawn [in, out] and turned: a key gives the head it gave before
+        w = jax.random.normal(k1, (depth, 2 * D, D), jnp.float32).swapaxes(1, 2) * (2 * D) ** -0.5
         return {"w": w, "norm": jnp.ones((depth, D), jnp.float32)}
     if kind == "eagle":
         one = dataclasses.replace(config, num_layers=1, layer_types=(), head_vocab_size=None)
         layer = (jax.tree.map(lambda x: jnp.asarray(x, jnp.float32),
                               target_params["layers"][-1]) if target_params is not None
                  else init_params(one, k2)["layers"][0])
-        fc = jax.random.normal(k1, (D, 2 * D), jnp.float32) * (2 * D) ** -0.5
+        fc = jax.random.normal(k1, (2 * D, D), jnp.float32).T * (2 * D) ** -0.5
         return {"fc": fc, "layer": layer}
     raise UserError(f"unknown hidden-state drafter kind {kind!r}; use one of {KINDS}")
 

@@ -63,8 +63,16 @@ def param_shapes(config: ModelConfig) -> dict:
                         is_leaf=lambda x: isinstance(x, tuple))
 
 
+# How each matrix moved when params went from [in, out] to [out, in] (jaxspec checkpoints of
+# format 2 and head files of format 1 hold the old layout).
+TO_OUT_MAJOR = {"wq": (1, 2, 0), "wk": (1, 2, 0), "wv": (1, 2, 0), "wo": (2, 0, 1),
+                 "w_gate": (1, 0), "w_up": (1, 0), "w_down": (1, 0)}
+
+
 def init_params(config: ModelConfig, key, dtype=jnp.float32, std: float = 0.02) -> dict:
-    """Random params: normal(std) for matrices, ones for norms, zeros for biases."""
+    """Random params: normal(std) for matrices, ones for norms, zeros for biases. Matrices are
+    drawn in the [in, out] layout params had before and turned, so a key gives the model it
+    gave then (tests pick seeds whose models exercise what they test)."""
     shapes = param_shapes(config)
     flat, treedef = jax.tree.flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
     keys = jax.random.split(key, len(flat))
@@ -76,19 +84,17 @@ def init_params(config: ModelConfig, key, dtype=jnp.float32, std: float = 0.02) 
         elif name in ("bq", "bk", "bv"):
             leaves.append(jnp.zeros(shape, dtype))
         else:
-            leaves.append((std * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
+            perm = TO_OUT_MAJOR.get(name, (1, 0) if name == "lm_head" else None)
+            drawn = shape if perm is None else tuple(shape[perm.index(i)]
+                                                     for i in range(len(shape)))
+            w = std * jax.random.normal(k, drawn, jnp.float32)
+            leaves.append((w if perm is None else w.transpose(perm)).astype(dtype))
     return jax.tree.unflatten(treedef, leaves)
-
-
-# How each matrix moved when params went from [in, out] to [out, in] (jaxspec checkpoints of
-# format 2 and head files of format 1 hold the old layout).
-_TO_OUT_MAJOR = {"wq": (1, 2, 0), "wk": (1, 2, 0), "wv": (1, 2, 0), "wo": (2, 0, 1),
-                 "w_gate": (1, 0), "w_up": (1, 0), "w_down": (1, 0)}
 
 
 def layer_from_in_major(lp: dict) -> dict:
     """A layer's params saved in the old [in, out] layout, in today's."""
-    return {k: np.transpose(np.asarray(v), _TO_OUT_MAJOR[k]) if k in _TO_OUT_MAJOR else v
+    return {k: np.transpose(np.asarray(v), TO_OUT_MAJOR[k]) if k in TO_OUT_MAJOR else v
             for k, v in lp.items()}
 
 

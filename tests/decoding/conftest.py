@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.models.params import init_params
+from jaxspec.models.params import TO_OUT_MAJOR, init_params
 
 VOCAB = 64
 
@@ -38,10 +38,21 @@ def tiny_model(cfg, seed, name="t", std=0.5):
 
 
 def _perturb(params, key, scale):
-    leaves, treedef = jax.tree.flatten(params)
-    keys = jax.random.split(key, len(leaves))
-    noisy = [p + scale * jnp.std(p) * jax.random.normal(k, p.shape) if p.ndim > 1 else p
-             for p, k in zip(leaves, keys)]
+    """Noise drawn in the [in, out] layout of old and turned (as `init_params` draws): a seed
+    gives the drafter it gave then."""
+    flat, treedef = jax.tree.flatten_with_path(params)
+    keys = jax.random.split(key, len(flat))
+    noisy = []
+    for (path, p), k in zip(flat, keys):
+        if p.ndim < 2:
+            noisy.append(p)
+            continue
+        name = getattr(path[-1], "key", "")
+        perm = TO_OUT_MAJOR.get(name, (1, 0) if name == "lm_head" else None)
+        drawn = p.shape if perm is None else tuple(p.shape[perm.index(i)]
+                                                   for i in range(p.ndim))
+        z = jax.random.normal(k, drawn)
+        noisy.append(p + scale * jnp.std(p) * (z if perm is None else z.transpose(perm)))
     return jax.tree.unflatten(treedef, noisy)
 
 

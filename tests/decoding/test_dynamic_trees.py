@@ -35,7 +35,7 @@ def clone(one_layer):
     embedding scaled to the target's; test_hidden_drafters.py): most drafts are accepted."""
     D = one_layer.config.hidden_size
     head = head_params("eagle", one_layer.config, 4, jax.random.key(0), one_layer.params)
-    fc = jnp.concatenate([jnp.zeros((D, D)), 0.5 * jnp.eye(D)], axis=0)
+    fc = jnp.concatenate([jnp.zeros((D, D)), 0.5 * jnp.eye(D)], axis=1)
     return hidden_drafter(one_layer, "eagle", {**head, "fc": fc})
 
 

@@ -78,7 +78,7 @@ def _clone_eagle_head(model, embed_std=0.5):
     std: about what the target's layer sees) and ignores the feature."""
     D = model.config.hidden_size
     head = head_params("eagle", model.config, DEPTH, jax.random.key(0), model.params)
-    return {**head, "fc": jnp.concatenate([jnp.zeros((D, D)), embed_std * jnp.eye(D)], axis=0)}
+    return {**head, "fc": jnp.concatenate([jnp.zeros((D, D)), embed_std * jnp.eye(D)], axis=1)}
 
 
 def _bf16(tree):

@@ -73,7 +73,7 @@ def clone_head(cycling):
     it drafts what the target writes."""
     D = cycling.config.hidden_size
     head = head_params("eagle", cycling.config, 4, jax.random.key(0), cycling.params)
-    fc = jnp.concatenate([jnp.zeros((D, D)), 0.5 * jnp.eye(D)], axis=0)
+    fc = jnp.concatenate([jnp.zeros((D, D)), 0.5 * jnp.eye(D)], axis=1)
     return hidden_drafter(cycling, "eagle", {**head, "fc": fc})
 
 
