@@ -69,6 +69,15 @@ TO_OUT_MAJOR = {"wq": (1, 2, 0), "wk": (1, 2, 0), "wv": (1, 2, 0), "wo": (2, 0, 
                  "w_gate": (1, 0), "w_up": (1, 0), "w_down": (1, 0)}
 
 
+def draw_in_major(name: str, shape: tuple[int, ...], draw):
+    """`draw(shape)` for the param `name` of today's `shape`, a matrix drawn in the [in, out]
+    layout of old and turned: a random key or seed gives the values it gave before."""
+    perm = TO_OUT_MAJOR.get(name, (1, 0) if name == "lm_head" else None)
+    if perm is None:
+        return draw(shape)
+    return draw(tuple(shape[perm.index(i)] for i in range(len(shape)))).transpose(perm)
+
+
 def init_params(config: ModelConfig, key, dtype=jnp.float32, std: float = 0.02) -> dict:
     """Random params: normal(std) for matrices, ones for norms, zeros for biases. Matrices are
     drawn in the [in, out] layout params had before and turned, so a key gives the model it
@@ -84,11 +93,8 @@ def init_params(config: ModelConfig, key, dtype=jnp.float32, std: float = 0.02) 
         elif name in ("bq", "bk", "bv"):
             leaves.append(jnp.zeros(shape, dtype))
         else:
-            perm = TO_OUT_MAJOR.get(name, (1, 0) if name == "lm_head" else None)
-            drawn = shape if perm is None else tuple(shape[perm.index(i)]
-                                                     for i in range(len(shape)))
-            w = std * jax.random.normal(k, drawn, jnp.float32)
-            leaves.append((w if perm is None else w.transpose(perm)).astype(dtype))
+            w = draw_in_major(name, shape, lambda s: jax.random.normal(k, s, jnp.float32))
+            leaves.append((std * w).astype(dtype))
     return jax.tree.unflatten(treedef, leaves)
 
 

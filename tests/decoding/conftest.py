@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.models.params import TO_OUT_MAJOR, init_params
+from jaxspec.models.params import draw_in_major, init_params
 
 VOCAB = 64
 
@@ -47,12 +47,8 @@ def _perturb(params, key, scale):
         if p.ndim < 2:
             noisy.append(p)
             continue
-        name = getattr(path[-1], "key", "")
-        perm = TO_OUT_MAJOR.get(name, (1, 0) if name == "lm_head" else None)
-        drawn = p.shape if perm is None else tuple(p.shape[perm.index(i)]
-                                                   for i in range(p.ndim))
-        z = jax.random.normal(k, drawn)
-        noisy.append(p + scale * jnp.std(p) * (z if perm is None else z.transpose(perm)))
+        z = draw_in_major(getattr(path[-1], "key", ""), p.shape, lambda s: jax.random.normal(k, s))
+        noisy.append(p + scale * jnp.std(p) * z)
     return jax.tree.unflatten(treedef, noisy)
 
 

@@ -23,7 +23,7 @@ from jaxspec import sharding
 from jaxspec.config import ModelConfig
 from jaxspec.drafters import hidden
 from jaxspec.models.model import Model
-from jaxspec.models.params import TO_OUT_MAJOR, param_shapes
+from jaxspec.models.params import draw_in_major, param_shapes
 from jaxspec.training import data, heads, trainer
 
 TINY = ModelConfig(arch="llama", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
@@ -41,11 +41,7 @@ def np_init(config: ModelConfig, seed: int, std: float = 0.5) -> dict:
         name = path[-1].key
         if name.endswith("norm"):
             return np.ones(shape, np.float32)
-        perm = TO_OUT_MAJOR.get(name, (1, 0) if name == "lm_head" else None)
-        if perm is None:
-            return rng.normal(0, std, shape).astype(np.float32)
-        drawn = tuple(shape[perm.index(i)] for i in range(len(shape)))
-        return rng.normal(0, std, drawn).astype(np.float32).transpose(perm)
+        return draw_in_major(name, shape, lambda s: rng.normal(0, std, s).astype(np.float32))
 
     return jax.tree.map_with_path(draw, param_shapes(config),
                                   is_leaf=lambda x: isinstance(x, tuple))
