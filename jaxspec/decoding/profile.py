@@ -22,6 +22,8 @@ from jaxspec.decoding import runner
 from jaxspec.decoding.plan import per_position_acceptance, plan
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.decoding.speculative import cache_dtype, reads_features
+from jaxspec.decoding.trees import chain
+from jaxspec.drafters.base import DraftInput
 from jaxspec.errors import UserError
 from jaxspec.files import cache_dir, warn_rebuild, write_atomic
 from jaxspec.models.cache import init_cache
@@ -81,12 +83,12 @@ def drafter_ms(drafter, config, gamma: int = 1, cache_len: int = 256,
     tokens = jnp.ones((1, cache_len), jnp.int32)
     lengths = jnp.array([cache_len // 2], jnp.int32)
     feats = jnp.zeros((1, cache_len, config.hidden_size if reads_features(drafter) else 0))
-    state = jax.jit(spec.init)(drafter.params, tokens, lengths, feats)
-    propose = jax.jit(lambda p, s, t, n, k, f: spec.propose(p, s, t, n, k, Sampling(), gamma,
-                                                            config.vocab_size, f)[0])
+    inp = DraftInput(tokens, lengths, feats, config.vocab_size)
+    state = jax.jit(spec.init)(drafter.params, inp)
+    propose = jax.jit(lambda p, s, i, k: spec.propose(p, s, i, k, Sampling(),
+                                                      chain(gamma)).tokens_BxN)
     key = jax.random.key(0)
-    ms = 1e3 * _best_of(lambda: propose(drafter.params, state, tokens, lengths, key, feats),
-                        repeats)
+    ms = 1e3 * _best_of(lambda: propose(drafter.params, state, inp, key), repeats)
     return ms / gamma
 
 

@@ -24,6 +24,7 @@ from jaxspec.config import ModelConfig
 from jaxspec.decoding.plan import choose_gamma
 from jaxspec.decoding.sampling import DraftProbs, Sampling, argmax, probs, sample
 from jaxspec.decoding.trees import DynamicTree, RowTree, Tree, chain, compact
+from jaxspec.drafters.base import Draft, DraftInput
 from jaxspec.models.cache import KVCache, init_cache
 from jaxspec.models.transformer import fill_cache, forward
 from jaxspec.sharding import constrain
@@ -75,6 +76,10 @@ class DecodeState:
     @property
     def new_tokens_B(self):
         return self.lengths_B - self.prompt_lengths_B
+
+    def draft_input(self, vocab_size: int) -> DraftInput:
+        """What the drafter reads this step."""
+        return DraftInput(self.tokens_BxT, self.lengths_B, self.features_BxTxD, vocab_size)
 
 
 @flax.struct.dataclass
@@ -128,7 +133,8 @@ def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_leng
     filled = fill_cache(target_params, config, tokens_BxT, prompt_lengths_B, cache,
                         features=reads_features(drafter), first=first)
     cache, feats_BxTxD = filled if reads_features(drafter) else (filled, jnp.zeros((B, T, 0)))
-    dstate = (drafter.spec.init(drafter.params, tokens_BxT, prompt_lengths_B, feats_BxTxD)
+    dstate = (drafter.spec.init(drafter.params, DraftInput(tokens_BxT, prompt_lengths_B,
+                                                           feats_BxTxD, config.vocab_size))
               if drafter is not None else ())
     prior_2xG = jnp.zeros((2, 0)) if prior_2xG is None else prior_2xG
     counts = lambda i: jnp.broadcast_to(prior_2xG[i], (B, prior_2xG.shape[1])).astype(jnp.float32)
@@ -368,22 +374,13 @@ def decode_loop(target_params, drafter, state: DecodeState, settings: Settings, 
         """Draft the nodes of `t`, score them and the last token, accept: (accepted drafts [B],
         emitted tokens, accepted path, its hidden states, target cache, drafter state), the
         per-depth outputs padded to the depth of `top` (only chains are padded)."""
-        g, rows = t.size, None
-        if not g:
-            draft_BxG, q, dstate = jnp.zeros((B, 0), jnp.int32), None, state.drafter_state
-        elif isinstance(t, DynamicTree):
-            draft_BxG, rows, dstate = drafter.spec.propose_dynamic(
-                drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B, t,
-                state.features_BxTxD)
-            q = None
-        elif t.is_chain:
-            draft_BxG, q, dstate = drafter.spec.propose(
-                drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B, k_draft,
-                sampling, g, vocab, state.features_BxTxD)
+        g = t.size
+        if g:
+            draft = drafter.spec.propose(drafter.params, state.drafter_state,
+                                         state.draft_input(vocab), k_draft, sampling, t)
         else:
-            draft_BxG, q, dstate = drafter.spec.propose_tree(
-                drafter.params, state.drafter_state, state.tokens_BxT, state.lengths_B, k_draft,
-                sampling, t, vocab, state.features_BxTxD)
+            draft = Draft(jnp.zeros((B, 0), jnp.int32), None, state.drafter_state)
+        draft_BxG, q, dstate, rows = draft.tokens_BxN, draft.q, draft.state, draft.rows
         logits_BxG1xV, cache, feats_BxG1xD = verify(target_params, config, state, draft_BxG,
                                                     t if rows is None else rows)
         if g:
@@ -404,8 +401,7 @@ def decode_loop(target_params, drafter, state: DecodeState, settings: Settings, 
             want_B = jnp.where(state.done_B, 0,
                                choose_gamma(state.accepted_BxG, state.tried_BxG, costs_G1))
             want_B = jnp.where(drafter.spec.has_draft(drafter.params, state.drafter_state,
-                                                      state.tokens_BxT, state.lengths_B),
-                               want_B, 0)
+                                                      state.draft_input(vocab)), want_B, 0)
             branch = jnp.max(want_B)
             # Every row that drafts takes the step's length: its verification is paid for
             # already, and a longer draft never gains fewer tokens. A row that picked 0 stays

@@ -31,6 +31,7 @@ from jaxspec.decoding.runner import cache_len
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.decoding.skip_search import greedy_texts
 from jaxspec.decoding.trees import Tree, full_tree, make_tree
+from jaxspec.drafters.base import DraftInput
 from jaxspec.drafters.model import as_drafter
 from jaxspec.errors import UserError
 
@@ -79,9 +80,9 @@ def _draft_rows(drafter, dstate, feats_PxTxD, tokens_PxT, prompt_R, lengths_R, *
     tokens_RxT = jnp.where(jnp.arange(T) < lengths_R[:, None], tokens_PxT[prompt_R],
                            config.pad_token_id)
     dstate_R = jax.tree.map(lambda x: x[prompt_R], dstate)
-    return drafter.spec.propose_tree(drafter.params, dstate_R, tokens_RxT, lengths_R,
-                                     jax.random.key(0), Sampling(), tree, config.vocab_size,
-                                     feats_PxTxD[prompt_R])[0]
+    inp = DraftInput(tokens_RxT, lengths_R, feats_PxTxD[prompt_R], config.vocab_size)
+    return drafter.spec.propose(drafter.params, dstate_R, inp, jax.random.key(0), Sampling(),
+                                tree).tokens_BxN
 
 
 def _ranks(tree: Tree, draft_RxN, next_RxD) -> np.ndarray:

@@ -1,27 +1,26 @@
-"""Drafters: propose `gamma` tokens and the distribution each was drawn from.
+"""Drafters: propose a draft of a given shape and the distribution each token was drawn from.
 
 A `Drafter` pairs a static, hashable `spec` (how to draft) with a `params` pytree (what it drafts
-with). Every spec is a `DraftSpec`: it implements
+with). Every spec is a `DraftSpec`:
 
-    validate(params, target) -> None                    # raises UserError if it cannot serve
-    init(params, tokens_BxT, lengths_B, features_BxTxD) -> state      # prefill; a pytree
-    propose(params, state, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size,
-            features_BxTxD) -> draft_BxG, q (a DraftProbs; None when greedy), state
+    validate(params, target) -> None                  # raises UserError if it cannot serve
+    init(params, inp) -> state                        # prefill; a pytree
+    propose(params, state, inp, key, sampling, shape) -> Draft
 
-and `DraftSpec` declares every optional ability with its default, so the loop asks, never
-probes: which rows have a draft worth verifying (`has_draft`; gamma "auto" gives the others a
-plain step), token trees (`drafts_trees`, `propose_tree`: per node what it was drawn from; a
-chain goes through `propose`) and EAGLE-2's dynamic ones (`drafts_dynamic_trees`), a shape of
-its own (`fixed_shape`, `extend`: hybrid.py, lookahead.py), what it learns from the target's
-verification (`observe`: lookahead.py), whether it reads the target's features
-(`reads_features`), which drafters cost alike (`cost_key`), and the shape it was tuned for
-(`tuned_gamma`, `tuned_tree`).
+`inp` is a `DraftInput` (each row's text so far and, for a drafter that reads them, the target's
+features), `shape` a `trees.Tree` (a chain is one) or a `trees.DynamicTree`, and a `Draft` holds
+the drafted tokens in the shape's node order, q (what each was drawn from; None when greedy), the
+drafter's next state, and for a dynamic tree the tree each row drafted. `propose` hands a chain to
+`draft_chain`, which every spec implements, a static tree to `draft_tree` (`drafts_trees`) and a
+dynamic one to `draft_dynamic` (`drafts_dynamic_trees`, EAGLE-2). The other abilities are declared
+with their defaults, so the loop asks, never probes: which rows have a draft worth verifying
+(`has_draft`; gamma "auto" gives the others a plain step), a shape of its own (`fixed_shape`,
+`extend`: hybrid.py, lookahead.py), what it learns from the target's verification (`observe`:
+lookahead.py), whether it reads the target's features (`reads_features`), which drafters cost
+alike (`cost_key`), and the shape it was tuned for (`tuned_gamma`, `tuned_tree`).
 
-`tokens_BxT` holds each row's text so far in its first `lengths_B` slots. A drafter's cache must
-hold positions [0, length - 2) on entry; on exit it may hold more, since the caller rolls back by
-lowering lengths. A spec that reads features gets the target's hidden states for positions
-[0, length - 1) in `features_BxTxD` (hidden.py); the others get [B, T, 0]. The verifier never
-looks inside the drafter.
+A drafter's cache must hold positions [0, length - 2) on entry; on exit it may hold more, since
+the caller rolls back by lowering lengths. The verifier never looks inside the drafter.
 """
 
 from __future__ import annotations
@@ -29,9 +28,35 @@ from __future__ import annotations
 from typing import Any
 
 import flax.struct
+import jax
 import jax.numpy as jnp
 
+from jaxspec.decoding.trees import DynamicTree, Tree
 from jaxspec.errors import UserError
+
+
+@flax.struct.dataclass
+class DraftInput:
+    """What a drafter reads at a step: each row's text so far in the first `lengths_B` slots of
+    `tokens_BxT`; for a spec that `reads_features`, the target's hidden states of positions
+    [0, length - 1) in `features_BxTxD` (the others get [B, T, 0]); the target's vocabulary."""
+
+    tokens_BxT: jax.Array
+    lengths_B: jax.Array
+    features_BxTxD: jax.Array
+    vocab_size: int = flax.struct.field(pytree_node=False)
+
+
+@flax.struct.dataclass
+class Draft:
+    """A step's draft: tokens [B, N] in the shape's node order (a chain's: by depth), q (a
+    `sampling.DraftProbs`; None when greedy), the drafter's next state, and for a dynamic tree
+    the tree each row drafted (a `trees.RowTree`)."""
+
+    tokens_BxN: jax.Array
+    q: Any
+    state: Any
+    rows: Any = None
 
 
 @flax.struct.dataclass
@@ -56,8 +81,8 @@ class DraftSpec:
     ability with its default."""
 
     reads_features = False  # gets the target's hidden states
-    drafts_trees = False  # implements propose_tree
-    drafts_dynamic_trees = False  # implements propose_dynamic (EAGLE-2)
+    drafts_trees = False  # implements draft_tree
+    drafts_dynamic_trees = False  # implements draft_dynamic (EAGLE-2)
     fixed_shape = False  # `extend` gives the tree it drafts; gamma "auto" is refused
     cost_key = None  # drafters with one key share measured step costs (default: their name)
     tuned_gamma = None  # the draft length it was tuned for
@@ -67,20 +92,35 @@ class DraftSpec:
     def validate(self, params, target) -> None:
         raise NotImplementedError
 
-    def init(self, params, tokens_BxT, lengths_B, features_BxTxD=None):
+    def init(self, params, inp: DraftInput):
         raise NotImplementedError
 
-    def propose(self, params, state, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size,
-                features_BxTxD=None):
+    def propose(self, params, state, inp: DraftInput, key, sampling,
+                shape: Tree | DynamicTree) -> Draft:
+        """Draft `shape` (greedy only for a dynamic tree)."""
+        if isinstance(shape, DynamicTree):
+            if not self.drafts_dynamic_trees:
+                raise UserError(f"drafter {type(self).__name__} cannot draft dynamic trees")
+            return self.draft_dynamic(params, state, inp, shape)
+        if shape.is_chain:
+            return self.draft_chain(params, state, inp, key, sampling, shape.size)
+        if not self.drafts_trees:
+            raise UserError(f"drafter {type(self).__name__} cannot draft trees; use a chain "
+                            f"(gamma)")
+        return self.draft_tree(params, state, inp, key, sampling, shape)
+
+    def draft_chain(self, params, state, inp: DraftInput, key, sampling, gamma: int) -> Draft:
         raise NotImplementedError
 
-    def propose_tree(self, params, state, tokens_BxT, lengths_B, key, sampling, tree, vocab_size,
-                     features_BxTxD=None):
-        raise UserError(f"drafter {type(self).__name__} cannot draft trees; use a chain (gamma)")
+    def draft_tree(self, params, state, inp: DraftInput, key, sampling, tree: Tree) -> Draft:
+        raise NotImplementedError
 
-    def has_draft(self, params, state, tokens_BxT, lengths_B):
+    def draft_dynamic(self, params, state, inp: DraftInput, dtree: DynamicTree) -> Draft:
+        raise NotImplementedError
+
+    def has_draft(self, params, state, inp: DraftInput):
         """Which rows have a draft worth verifying: all of them."""
-        return jnp.ones(tokens_BxT.shape[:1], bool)
+        return jnp.ones(inp.lengths_B.shape, bool)
 
     def extend(self, tree):
         """The tree the target verifies when `tree` is asked for: `tree` itself."""

@@ -5,7 +5,7 @@ the same tree as one more branch under the root (`trees.with_branch`): the targe
 in one call. Greedy acceptance keeps the deepest accepted node, so where the two branches begin
 alike the longer accepted path wins; sampling applies the sibling rule with the branch's one-hot
 q (its drafts are a function of the text), so the output stays exact either way. Without a match
-the branch repeats the last token, as `NgramSpec.propose` does: verified, rarely accepted.
+the branch repeats the last token, as `NgramSpec.draft_chain` does: verified, rarely accepted.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.drafters.base import Drafter, DraftSpec
-
 from jaxspec.decoding.sampling import DraftProbs
 from jaxspec.decoding.trees import Tree, branch, with_branch
-from jaxspec.drafters.hidden import _WINDOW, HiddenSpec
+from jaxspec.drafters.base import Draft, Drafter, DraftInput, DraftSpec
+from jaxspec.drafters.head import HiddenSpec
 from jaxspec.drafters.ngram import NgramSpec
 from jaxspec.errors import UserError
 
@@ -47,39 +46,34 @@ class HybridSpec(DraftSpec):
     def validate(self, params, target) -> None:
         self.head.validate(params, target)
 
-    def init(self, params, tokens_BxT, lengths_B, features_BxTxD):
-        return self.head.init(params, tokens_BxT, lengths_B, features_BxTxD)
+    def init(self, params, inp: DraftInput):
+        return self.head.init(params, inp)
 
     def extend(self, tree: Tree) -> Tree:
         """The tree the target verifies: the head's (a chain too) and the n-gram branch."""
         out = with_branch(tree, self.length)
-        if self.head.kind == "eagle" and out.max_depth + 1 > _WINDOW:
-            raise UserError(f"an EAGLE drafter drafts trees up to {_WINDOW - 1} deep; with the "
-                            f"n-gram branch the tree is {out.max_depth} deep")
+        limit = self.head.max_verified_depth
+        if limit is not None and out.max_depth > limit:
+            raise UserError(f"a {self.head.kind} drafter follows trees up to {limit} deep; with "
+                            f"the n-gram branch the tree is {out.max_depth} deep")
         return out
 
-    def propose_tree(self, params, state, tokens_BxT, lengths_B, key, sampling, tree: Tree,
-                     vocab_size, features_BxTxD):
+    def draft_tree(self, params, state, inp: DraftInput, key, sampling, tree: Tree) -> Draft:
         rest, rest_N, branch_L = branch(tree)
-        args = (params, state, tokens_BxT, lengths_B, key, sampling)
-        if rest.is_chain:
-            head_BxH, q_head, state = self.head.propose(*args, rest.size, vocab_size,
-                                                        features_BxTxD)
-        else:
-            head_BxH, q_head, state = self.head.propose_tree(*args, rest, vocab_size,
-                                                             features_BxTxD)
-        ngram_BxL, q_ngram, _ = self.ngram.propose({}, (), tokens_BxT, lengths_B, key, sampling,
-                                                   len(branch_L), vocab_size)
+        head = self.head.propose(params, state, inp, key, sampling, rest)
+        ngram = self.ngram.draft_chain({}, (), inp, key, sampling, len(branch_L))
+        q_head, q_ngram = head.q, ngram.q
         order = np.argsort(np.concatenate([rest_N, branch_L]))  # back to feed order
-        draft_BxN = jnp.concatenate([head_BxH, ngram_BxL], axis=1)[:, order]
+        draft_BxN = jnp.concatenate([head.tokens_BxN, ngram.tokens_BxN], axis=1)[:, order]
         if q_head is None:
-            return draft_BxN, None, state
+            return Draft(draft_BxN, None, head.state)
         K = q_head.probs_BxGxK.shape[-1]
         probs_BxNxK, ids_BxNxK = (  # the branch's one-hot q, padded to the head's K entries
             jnp.concatenate([h, jnp.pad(g, [(0, 0), (0, 0), (0, K - 1)])], axis=1)
             for h, g in ((q_head.probs_BxGxK, q_ngram.probs_BxGxK),
                          (q_head.ids_BxGxK, q_ngram.ids_BxGxK)))
-        return draft_BxN, DraftProbs(probs_BxNxK[:, order], ids_BxNxK[:, order]), state
+        return Draft(draft_BxN, DraftProbs(probs_BxNxK[:, order], ids_BxNxK[:, order]),
+                     head.state)
 
 
 def hybrid_drafter(head: Drafter, max_ngram: int = 3, length: int = 4) -> Drafter:

@@ -25,7 +25,7 @@ import numpy as np
 
 from jaxspec.decoding.sampling import DraftProbs, argmax
 from jaxspec.decoding.trees import Tree
-from jaxspec.drafters.base import Drafter, DraftSpec
+from jaxspec.drafters.base import Draft, Drafter, DraftInput, DraftSpec
 from jaxspec.errors import UserError
 
 
@@ -82,9 +82,10 @@ class LookaheadSpec(DraftSpec):
         cand = [[index[(g + 1,) + (0,) * d] for d in range(L)] for g in range(G)]
         return np.asarray(win, np.int32), np.asarray(cand, np.int32).reshape(G, L)
 
-    def init(self, params, tokens_BxT, lengths_B, features_BxTxD=None):
+    def init(self, params, inp: DraftInput):
         """Level l, column i starts as the prompt's token l + i + 1 places before its end (any
         guess is exact; Jacobi iteration replaces them); the pool starts empty."""
+        tokens_BxT, lengths_B = inp.tokens_BxT, inp.lengths_B
         B, L, W = tokens_BxT.shape[0], self.ngram - 1, self.window
         back_LxW = jnp.arange(L)[:, None] + jnp.arange(W)[None, :] + 1
         slots_BxLxW = jnp.maximum(lengths_B[:, None, None] - back_LxW, 0)
@@ -94,10 +95,10 @@ class LookaheadSpec(DraftSpec):
                     age_BxP=jnp.full((B, self.pool), -1, jnp.int32),
                     steps_B=jnp.zeros((B,), jnp.int32))
 
-    def propose_tree(self, params, state, tokens_BxT, lengths_B, key, sampling, tree, vocab_size,
-                     features_BxTxD=None):
+    def draft_tree(self, params, state, inp: DraftInput, key, sampling, tree) -> Draft:
         """The window's guesses, and the newest pooled n-grams that begin with the row's last
         token (a missing one repeats that token); q is one-hot."""
+        tokens_BxT, lengths_B = inp.tokens_BxT, inp.lengths_B
         B, G = tokens_BxT.shape[0], self.candidates
         win_LxW, cand_GxL = self._nodes
         last_B = jnp.take_along_axis(tokens_BxT, (lengths_B - 1)[:, None], axis=1)[:, 0]
@@ -113,7 +114,7 @@ class LookaheadSpec(DraftSpec):
         draft_BxN = draft_BxN.at[:, cand_GxL.reshape(-1)].set(grams_BxGxL.reshape(B, -1))
         q = None if sampling.greedy else DraftProbs(jnp.ones((B, tree.size, 1)),
                                                     draft_BxN[..., None])
-        return draft_BxN, q, state
+        return Draft(draft_BxN, q, state)
 
     def observe(self, params, state, logits_BxN1xV):
         """One Jacobi iteration from the target's logits at the root and every node: each

@@ -12,7 +12,7 @@ import numpy as np
 from jaxspec.config import ModelConfig
 from jaxspec.decoding.sampling import DraftProbs, Sampling, pick
 from jaxspec.decoding.trees import grow
-from jaxspec.drafters.base import Drafter, DraftSpec
+from jaxspec.drafters.base import Draft, Drafter, DraftInput, DraftSpec
 from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache
 from jaxspec.models.transformer import fill_cache, forward
@@ -47,11 +47,12 @@ class ModelSpec(DraftSpec):
         if real is None or min(tv, dv) < real:
             raise UserError(f"drafter vocabulary ({dv}) does not match the target's ({tv})")
 
-    def init(self, params, tokens_BxT, lengths_B, features_BxTxD=None):
-        B, T = tokens_BxT.shape
+    def init(self, params, inp: DraftInput):
+        B, T = inp.tokens_BxT.shape
         n_layers = len(self.layers) if self.layers is not None else None
         cache = init_cache(self.config, B, T, num_layers=n_layers)
-        return fill_cache(params["model"], self.config, tokens_BxT, lengths_B, cache, self.layers)
+        return fill_cache(params["model"], self.config, inp.tokens_BxT, inp.lengths_B, cache,
+                          self.layers)
 
     def _pick(self, params, key, logits_BxK, sampling: Sampling, vocab_size: int):
         """Draft token [B] and the distribution it was drawn from [B, K] (None when greedy): K
@@ -71,8 +72,8 @@ class ModelSpec(DraftSpec):
         pad = [(0, 0)] * (logits_xK.ndim - 1) + [(0, vocab_size - V)]
         return jnp.pad(logits_xK, pad, constant_values=-jnp.inf)
 
-    def propose(self, params, cache, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size,
-                features_BxTxD=None):
+    def draft_chain(self, params, cache, inp: DraftInput, key, sampling, gamma: int) -> Draft:
+        tokens_BxT, lengths_B, vocab_size = inp.tokens_BxT, inp.lengths_B, inp.vocab_size
         B = tokens_BxT.shape[0]
         rows = jnp.arange(B)
         # Feed the last two tokens: the one before last may be missing from the cache when
@@ -98,22 +99,21 @@ class ModelSpec(DraftSpec):
             step, (tok_B, cache), (jnp.arange(gamma - 1), keys[1:]))
         draft_BxG = jnp.concatenate([tok_B[:, None], rest_RxB.T], axis=1)
         if q_BxK is None:
-            return draft_BxG, None, cache
+            return Draft(draft_BxG, None, cache)
         q_BxGxK = jnp.concatenate([q_BxK[:, None], jnp.swapaxes(rest_q_RxBxK, 0, 1)], axis=1)
         ids_BxGxK = (jnp.broadcast_to(params["vocab_ids"], q_BxGxK.shape) if self.subset_vocab
                      else None)
-        return draft_BxG, DraftProbs(q_BxGxK, ids_BxGxK), cache
+        return Draft(draft_BxG, DraftProbs(q_BxGxK, ids_BxGxK), cache)
 
-    def propose_tree(self, params, cache, tokens_BxT, lengths_B, key, sampling, tree, vocab_size,
-                     features_BxTxD=None):
+    def draft_tree(self, params, cache, inp: DraftInput, key, sampling, tree) -> Draft:
         """Top-k per node (`trees.grow`): refeed the last D + 1 tokens (after a tree step up to
         that many may be missing from the cache, whose accepted nodes sit in scratch slots),
         then one call per depth over its nodes that have children, in scratch slots past
         length - 1 with tree attention, as the target verifies them."""
-        D = tree.max_depth
-        base_B = lengths_B - 1
+        D, vocab_size = tree.max_depth, inp.vocab_size
+        base_B = inp.lengths_B - 1
         pos_BxW = jnp.maximum(base_B[:, None] - D + jnp.arange(D + 1), 0)
-        toks_BxW = jnp.take_along_axis(tokens_BxT, pos_BxW, axis=1)
+        toks_BxW = jnp.take_along_axis(inp.tokens_BxT, pos_BxW, axis=1)
         logits_BxWxK, cache = forward(params["model"], self.config, toks_BxW, pos_BxW, cache,
                                       self.layers)
 
@@ -124,8 +124,9 @@ class ModelSpec(DraftSpec):
                 slots_BxS=base_B[:, None] + 1 + nodes, tree=tree.region(base_B, nodes))
             return self._vocab_logits(logits_BxPxK, vocab_size), cache
 
-        return grow(tree, key, sampling, self._vocab_logits(logits_BxWxK[:, -1], vocab_size),
-                    expand, cache, params["vocab_ids"] if self.subset_vocab else None)
+        return Draft(*grow(tree, key, sampling,
+                           self._vocab_logits(logits_BxWxK[:, -1], vocab_size), expand, cache,
+                           params["vocab_ids"] if self.subset_vocab else None))
 
 
 def model_drafter(model, vocab_ids=None) -> Drafter:

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.decoding.sampling import DraftProbs
-from jaxspec.drafters.base import Drafter, DraftSpec
+from jaxspec.drafters.base import Draft, Drafter, DraftInput, DraftSpec
 from jaxspec.errors import UserError
 
 
@@ -24,13 +24,13 @@ class NgramSpec(DraftSpec):
     def validate(self, params, target) -> None:
         """Nothing to check: the drafts are tokens of the text itself."""
 
-    def init(self, params, tokens_BxT, lengths_B, features_BxTxD=None):
+    def init(self, params, inp: DraftInput):
         return ()
 
-    def has_draft(self, params, state, tokens_BxT, lengths_B):
+    def has_draft(self, params, state, inp: DraftInput):
         """Whether each row's last tokens occurred before (without a match the draft repeats
         the last token, which gamma "auto" does not verify)."""
-        return self._continuation(tokens_BxT, lengths_B) >= 0
+        return self._continuation(inp.tokens_BxT, inp.lengths_B) >= 0
 
     def _continuation(self, tokens_BxT, lengths_B):
         """The slot after the latest earlier occurrence of each row's longest matching suffix
@@ -52,8 +52,8 @@ class NgramSpec(DraftSpec):
             best_B = jnp.where(found, latest_B + n, best_B)
         return best_B
 
-    def propose(self, params, state, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size,
-                features_BxTxD=None):
+    def draft_chain(self, params, state, inp: DraftInput, key, sampling, gamma: int) -> Draft:
+        tokens_BxT, lengths_B = inp.tokens_BxT, inp.lengths_B
         B = tokens_BxT.shape[0]
         best_B = self._continuation(tokens_BxT, lengths_B)
         # Continuation slots; with no match, repeat the last token.
@@ -63,14 +63,14 @@ class NgramSpec(DraftSpec):
                             (lengths_B - 1)[:, None])
         draft_BxG = jnp.take_along_axis(tokens_BxT, src_BxG, axis=1)
         q = None if sampling.greedy else DraftProbs(jnp.ones((B, gamma, 1)), draft_BxG[..., None])
-        return draft_BxG, q, state
+        return Draft(draft_BxG, q, state)
 
-    def propose_tree(self, params, state, tokens_BxT, lengths_B, key, sampling, tree, vocab_size,
-                     features_BxTxD=None):
+    def draft_tree(self, params, state, inp: DraftInput, key, sampling, tree) -> Draft:
         """A node's children, by rank: the distinct tokens that followed the latest earlier
         occurrences of the last n tokens of the text extended by the node's path (n from
         max_ngram down to 1, the longest first, then the most recent); missing ones repeat the
         node's own token. The drafts are deterministic, so q is one-hot."""
+        tokens_BxT, lengths_B = inp.tokens_BxT, inp.lengths_B
         B, M = tokens_BxT.shape[0], self.max_ngram
         pos_BxM = lengths_B[:, None] - M + jnp.arange(M)
         tails = {0: jnp.take_along_axis(tokens_BxT, jnp.maximum(pos_BxM, 0), axis=1)}
@@ -88,7 +88,7 @@ class NgramSpec(DraftSpec):
         draft_BxN = jnp.stack(draft, axis=1)
         q = None if sampling.greedy else DraftProbs(jnp.ones((B, tree.size, 1)),
                                                     draft_BxN[..., None])
-        return draft_BxN, q, state
+        return Draft(draft_BxN, q, state)
 
     def _candidates(self, tokens_BxT, lengths_B, tail_BxM, context_B, R: int):
         """Up to R distinct next tokens [B, R] after the context ending in `tail_BxM` (its last

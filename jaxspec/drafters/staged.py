@@ -17,11 +17,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from jaxspec.drafters.base import Drafter, DraftSpec
-
-from jaxspec.drafters.model import ModelSpec
-
 from jaxspec.decoding.sampling import DraftProbs, argmax, probs, sample
+from jaxspec.drafters.base import Draft, Drafter, DraftInput, DraftSpec
+from jaxspec.drafters.model import ModelSpec
 from jaxspec.drafters.ngram import NgramSpec, ngram_drafter
 from jaxspec.errors import UserError
 from jaxspec.models.transformer import forward
@@ -36,8 +34,8 @@ class StagedSpec(DraftSpec):
     def validate(self, params, target) -> None:
         self.first.validate(params["first"], target)
 
-    def init(self, params, tokens_BxT, lengths_B, features_BxTxD=None):
-        return self.first.init(params["first"], tokens_BxT, lengths_B)
+    def init(self, params, inp: DraftInput):
+        return self.first.init(params["first"], inp)
 
     def _dist(self, params, logits_BxWxK, sampling, vocab_size):
         """Greedy: the drafter's token at each position [B, W]; sampling: q [B, W, K]."""
@@ -47,8 +45,8 @@ class StagedSpec(DraftSpec):
             return params["vocab_ids"][idx_BxW] if self.first.subset_vocab else idx_BxW
         return probs(logits, sampling)
 
-    def propose(self, params, cache, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size,
-                features_BxTxD=None):
+    def draft_chain(self, params, cache, inp: DraftInput, key, sampling, gamma: int) -> Draft:
+        tokens_BxT, lengths_B, vocab_size = inp.tokens_BxT, inp.lengths_B, inp.vocab_size
         B, T = tokens_BxT.shape
         k, W = self.k, self.k + 2
         rows_B = jnp.arange(B)
@@ -59,8 +57,8 @@ class StagedSpec(DraftSpec):
             text_BxT, n_B, draft_BxG, q, cache, key = carry
             key, k_prop, k_keep, k_draw = jax.random.split(key, 4)
             c_B = lengths_B + n_B  # the text so far: prompt, accepted tokens, drafts
-            prop_BxK, _, _ = self.second.propose(params["second"], (), text_BxT, c_B, k_prop,
-                                                 sampling, k, vocab_size)
+            prop_BxK = self.second.draft_chain(params["second"], (), inp.replace(
+                tokens_BxT=text_BxT, lengths_B=c_B), k_prop, sampling, k).tokens_BxN
             # Refeed the last two tokens (the drafter's own last token was never fed), then
             # the proposals; positions past the cache are not written and their logits unused.
             pos_BxW = c_B[:, None] - 2 + jnp.arange(W)
@@ -105,9 +103,9 @@ class StagedSpec(DraftSpec):
         _, _, draft_BxG, q, cache, _ = jax.lax.while_loop(
             lambda c: jnp.any(c[1] < gamma), round_, carry)
         if q is None:
-            return draft_BxG, None, cache
+            return Draft(draft_BxG, None, cache)
         ids = None if ids_K is None else jnp.broadcast_to(ids_K, q.shape)
-        return draft_BxG, DraftProbs(q, ids), cache
+        return Draft(draft_BxG, DraftProbs(q, ids), cache)
 
 
 def _without(q_BxJxK, tok_BxJ, ids_K):

@@ -22,7 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from jaxspec.decoding.sampling import argmax
-from jaxspec.drafters.hidden import HiddenSpec
+from jaxspec.drafters.head import HiddenSpec
 from jaxspec.errors import UserError
 from jaxspec.files import write_atomic
 from jaxspec.models.cache import init_cache

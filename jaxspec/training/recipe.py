@@ -288,7 +288,7 @@ def run_train_head(cfg: dict, target, workdir: Path, speculative_fn: Callable | 
     kind, depth, seed = dcfg["kind"], int(dcfg.get("depth", 4)), cfg.get("seed", 0)
     V, pad, chat = target.config.vocab_size, target.config.pad_token_id, _chat(cfg, target)
     eos = target.config.eos_token_ids or (target.tokenizer.eos_token_id,)
-    spec = hidden.HiddenSpec(kind, target.config, depth)
+    spec = hidden.hidden_spec(kind, target.config, depth)
     head = jax.device_get(hidden.head_params(kind, target.config, depth, jax.random.key(seed),
                                              target.params))
     if dcfg.get("generic"):

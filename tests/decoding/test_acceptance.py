@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding import sampling, speculative
+from jaxspec.decoding import sampling, speculative, trees
 from jaxspec.decoding.sampling import DraftProbs, Sampling, pick, probs
+from jaxspec.drafters.base import DraftInput
 from jaxspec.drafters.ngram import NgramSpec
 
 accept = jax.jit(speculative.accept, static_argnames="sampling")
@@ -187,21 +188,24 @@ def test_ngram_proposals_on_hand_made_buffer():
         tokens[b, len(text):len(text) + len(tail)] = tail
     lengths = np.array([len(t) for t, _ in NGRAM_CASES], np.int32)
     spec = NgramSpec(max_ngram=3)
-    draft, q, _ = spec.propose({}, (), jnp.asarray(tokens), jnp.asarray(lengths),
-                               jax.random.key(0), Sampling(0.0), 3, 10)
+    inp = DraftInput(jnp.asarray(tokens), jnp.asarray(lengths), jnp.zeros((len(tokens), T, 0)),
+                     10)
+    out = spec.propose({}, (), inp, jax.random.key(0), Sampling(0.0), trees.chain(3))
+    draft, q = out.tokens_BxN, out.q
     assert q is None
     assert np.asarray(draft).tolist() == [want for _, want in NGRAM_CASES]
     # Sampling: the proposal is deterministic, so q is one-hot on it.
-    draft_s, q_s, _ = spec.propose({}, (), jnp.asarray(tokens), jnp.asarray(lengths),
-                                   jax.random.key(0), Sampling(1.0), 3, 10)
+    out = spec.propose({}, (), inp, jax.random.key(0), Sampling(1.0), trees.chain(3))
+    draft_s, q_s = out.tokens_BxN, out.q
     assert np.array_equal(draft_s, draft)
     assert np.array_equal(q_s.ids_BxGxK[..., 0], draft) and np.all(q_s.probs_BxGxK == 1)
 
 
 def test_ngram_max_ngram_1_uses_unigrams():
     tokens = jnp.asarray([[4, 7, 1, 4, 9, 7, 4, 7, 0, 0]], jnp.int32)
-    draft, _, _ = NgramSpec(max_ngram=1).propose({}, (), tokens, jnp.asarray([8]),
-                                                 jax.random.key(0), Sampling(0.0), 2, 10)
+    inp = DraftInput(tokens, jnp.asarray([8]), jnp.zeros((1, 10, 0)), 10)
+    draft = NgramSpec(max_ngram=1).propose({}, (), inp, jax.random.key(0), Sampling(0.0),
+                                           trees.chain(2)).tokens_BxN
     assert draft.tolist() == [[4, 7]]  # latest earlier "7" is at 5, followed by "4 7"
 
 

@@ -77,16 +77,16 @@ def _dynamic(drafter, target, prompts, dtree):
     lengths_B = jnp.asarray([len(p) for p in prompts])
     state = speculative.prefill(target.params, target.config, drafter, tokens_BxT, lengths_B,
                                 jnp.full((B,), 8), jax.random.key(0))
-    return drafter.spec.propose_dynamic(drafter.params, state.drafter_state, tokens_BxT,
-                                        lengths_B, dtree, state.features_BxTxD), state
+    d = drafter.spec.propose(drafter.params, state.drafter_state, state.draft_input(64),
+                             jax.random.key(0), Sampling(), dtree)
+    return (d.tokens_BxN, d.rows, d.state), state
 
 
 def test_width_one_is_the_heads_chain(one_layer, clone):
     prompts = [[5, 17, 3, 22, 9], [7, 1], [12, 30, 12, 30, 12]]
     (draft_BxN, rows, _), state = _dynamic(clone, one_layer, prompts, trees.DynamicTree(4, 4, 1))
-    chain_BxG, _, _ = clone.spec.propose(clone.params, state.drafter_state, state.tokens_BxT,
-                                         state.lengths_B, jax.random.key(1), Sampling(), 4, 64,
-                                         state.features_BxTxD)
+    chain_BxG = clone.spec.propose(clone.params, state.drafter_state, state.draft_input(64),
+                                   jax.random.key(1), Sampling(), trees.chain(4)).tokens_BxN
     np.testing.assert_array_equal(draft_BxN, chain_BxG)
     np.testing.assert_array_equal(rows.parent_BxN, np.broadcast_to([0, 1, 2, 3], (3, 4)))
     np.testing.assert_array_equal(rows.depth_N1, np.broadcast_to(np.arange(5), (3, 5)))

@@ -35,8 +35,9 @@ import jaxspec
 from jaxspec.checkpoints import heads
 from jaxspec.decoding import speculative, trees
 from jaxspec.decoding.sampling import Sampling, probs
-from jaxspec.drafters.base import Drafter
-from jaxspec.drafters.hidden import HiddenSpec, head_params, hidden_drafter
+from jaxspec.drafters.base import Drafter, DraftInput
+from jaxspec.drafters.eagle import EagleSpec
+from jaxspec.drafters.hidden import head_params, hidden_drafter
 from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache
 from jaxspec.models.transformer import forward
@@ -260,27 +261,25 @@ FEATURE_TOL = 1e-5  # relative to the largest feature: float32 rounding, chunked
 
 
 @dataclasses.dataclass(frozen=True)
-class Recording(HiddenSpec):
-    """A HiddenSpec that records, at every propose, the lengths, the whole features array it
+class Recording(EagleSpec):
+    """An EAGLE spec that records, at every propose, the lengths, the whole features array it
     is given, and its drafts (in its state, so they come back in the final DecodeState)."""
 
-    def init(self, params, tokens_BxT, lengths_B, features_BxTxD):
-        B, T_, D = features_BxTxD.shape
-        return {"inner": super().init(params, tokens_BxT, lengths_B, features_BxTxD),
+    def init(self, params, inp):
+        B, T_, D = inp.features_BxTxD.shape
+        return {"inner": super().init(params, inp),
                 "step": jnp.int32(0), "lengths": jnp.zeros((STEPS, B), jnp.int32),
                 "features": jnp.zeros((STEPS, B, T_, D)),
                 "drafts": jnp.zeros((STEPS, B, 8), jnp.int32)}
 
-    def propose(self, params, state, tokens_BxT, lengths_B, key, sampling, gamma, vocab_size,
-                features_BxTxD):
-        draft_BxG, q, inner = super().propose(params, state["inner"], tokens_BxT, lengths_B, key,
-                                              sampling, gamma, vocab_size, features_BxTxD)
+    def propose(self, params, state, inp, key, sampling, shape):
+        draft = super().propose(params, state["inner"], inp, key, sampling, shape)
         i = state["step"]
-        return draft_BxG, q, {
-            "inner": inner, "step": i + 1,
-            "lengths": state["lengths"].at[i].set(lengths_B, mode="drop"),
-            "features": state["features"].at[i].set(features_BxTxD, mode="drop"),
-            "drafts": state["drafts"].at[i, :, :gamma].set(draft_BxG, mode="drop")}
+        return draft.replace(state={
+            "inner": draft.state, "step": i + 1,
+            "lengths": state["lengths"].at[i].set(inp.lengths_B, mode="drop"),
+            "features": state["features"].at[i].set(inp.features_BxTxD, mode="drop"),
+            "drafts": state["drafts"].at[i, :, :shape.size].set(draft.tokens_BxN, mode="drop")})
 
 
 _run = jax.jit(speculative.run, static_argnames="settings")
@@ -304,9 +303,10 @@ def _fresh_drafts(spec, params, tokens_NxT, lengths_N, features_NxTxD, gamma):
     """Greedy drafts of the drafter started fresh (init, then propose: EAGLE catches up on the
     whole text in one go) at each given length, from the given features."""
     def go(tokens, lengths, features):
-        state = spec.init(params, tokens, lengths, features)
-        return spec.propose(params, state, tokens, lengths, jax.random.key(0), Sampling(), gamma,
-                            spec.config.vocab_size, features)[0]
+        inp = DraftInput(tokens, lengths, features, spec.config.vocab_size)
+        state = spec.init(params, inp)
+        return spec.propose(params, state, inp, jax.random.key(0), Sampling(),
+                            trees.chain(gamma)).tokens_BxN
     return np.asarray(jax.jit(go)(tokens_NxT, lengths_N, features_NxTxD))
 
 
@@ -323,7 +323,7 @@ def test_features_match_a_full_forward(one_layer):
     model, kind, head = one_layer, "eagle", _clone_eagle_head(one_layer)
     gamma = 8
     base = hidden_drafter(model, kind, head, depth=DEPTH)
-    drafter = Drafter(base.params, Recording(kind, model.config, DEPTH), "recording")
+    drafter = Drafter(base.params, Recording(model.config, DEPTH), "recording")
     B = len(PROMPTS)
     tokens = np.zeros((B, T), np.int32)
     for b, p in enumerate(PROMPTS):
@@ -395,9 +395,9 @@ def _exact_joint(model, s: Sampling):
 
 @functools.partial(jax.jit, static_argnames="s")
 def _first_q(drafter, tokens_1xT, lengths_1, feats_1xTxD, s):
-    st = drafter.spec.init(drafter.params, tokens_1xT, lengths_1, feats_1xTxD)
-    _, q, _ = drafter.spec.propose(drafter.params, st, tokens_1xT, lengths_1, jax.random.key(0),
-                                   s, 2, V, feats_1xTxD)
+    inp = DraftInput(tokens_1xT, lengths_1, feats_1xTxD, V)
+    st = drafter.spec.init(drafter.params, inp)
+    q = drafter.spec.propose(drafter.params, st, inp, jax.random.key(0), s, trees.chain(2)).q
     return q.ids_BxGxK[0, 0], q.probs_BxGxK[0, 0]
 
 
@@ -479,7 +479,7 @@ def saved_eagle(target, tmp_path_factory):
 def test_saved_head_drafts_like_the_in_memory_one(target, saved_eagle, reference, stop):
     path, head, ids = saved_eagle
     loaded = jaxspec.load_drafter(path, target=target)
-    assert loaded.spec == HiddenSpec("eagle", target.config, DEPTH, 3)
+    assert loaded.spec == EagleSpec(target.config, DEPTH, 3)
     assert np.asarray(loaded.params["vocab_ids"]).tolist() == ids
     for want, got in zip(jax.tree.leaves(head), jax.tree.leaves(loaded.params["head"])):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -10,6 +10,7 @@ import pytest
 
 import jaxspec
 from jaxspec.decoding.sampling import Sampling
+from jaxspec.drafters.base import DraftInput
 from jaxspec.drafters.lookahead import LookaheadSpec
 from jaxspec.errors import UserError
 from jaxspec.loading import parse_drafter
@@ -38,9 +39,10 @@ def test_one_jacobi_iteration_pools_each_column_once():
     """The target's token after each column's top level becomes its new top level, the levels
     move down, and each column's trajectory with it enters the pool once."""
     s = LookaheadSpec(window=2, ngram=3, candidates=1, pool=4)
-    state = s.init({}, jnp.asarray([[4, 5, 6, 7]]), jnp.asarray([4]))
-    assert state["window_BxLxW"].tolist() == [[[7, 6], [6, 5]]]
     V = 10
+    inp = DraftInput(jnp.asarray([[4, 5, 6, 7]]), jnp.asarray([4]), jnp.zeros((1, 4, 0)), V)
+    state = s.init({}, inp)
+    assert state["window_BxLxW"].tolist() == [[[7, 6], [6, 5]]]
     win_LxW, _ = s._nodes
     logits = jnp.zeros((1, s.tree.size + 1, V))
     logits = logits.at[0, win_LxW[1, 0] + 1, 8].set(1.0).at[0, win_LxW[1, 1] + 1, 9].set(1.0)
@@ -53,8 +55,7 @@ def test_one_jacobi_iteration_pools_each_column_once():
     again = s.observe({}, {**state, "pool_BxPxL1": new["pool_BxPxL1"], "age_BxP": new["age_BxP"]},
                       logits)
     assert int((again["age_BxP"][0] >= 0).sum()) == 2  # known n-grams are not pooled twice
-    draft, _, _ = s.propose_tree({}, new, jnp.asarray([[4, 5, 6, 7]]), jnp.asarray([4]), None,
-                                 Sampling(), s.tree, V)
+    draft = s.propose({}, new, inp, None, Sampling(), s.tree).tokens_BxN
     _, cand_GxL = s._nodes
     assert draft[0, cand_GxL[0]].tolist() == [6, 8]  # the pooled n-gram after the last token, 7
 

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 import jaxspec
+from jaxspec.decoding import trees
 from jaxspec.decoding.sampling import Sampling
+from jaxspec.drafters.base import DraftInput
 from jaxspec.errors import UserError
 from jaxspec.loading import parse_drafter
 
@@ -41,10 +43,11 @@ def bigram(model):
 
 def drafts(drafter, tokens_BxT, lengths_B, gamma):
     spec, params = drafter.spec, drafter.params
-    state = spec.init(params, tokens_BxT, lengths_B - 2)
-    out, _, _ = spec.propose(params, state, tokens_BxT, lengths_B, jax.random.key(0),
-                             Sampling(), gamma, 64)
-    return np.asarray(out)
+    empty = jnp.zeros(tokens_BxT.shape + (0,))
+    state = spec.init(params, DraftInput(tokens_BxT, lengths_B - 2, empty, 64))
+    out = spec.propose(params, state, DraftInput(tokens_BxT, lengths_B, empty, 64),
+                       jax.random.key(0), Sampling(), trees.chain(gamma))
+    return np.asarray(out.tokens_BxN)
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ import pytest
 import jaxspec
 from jaxspec.decoding import speculative, trees
 from jaxspec.decoding.sampling import Sampling
+from jaxspec.drafters.base import DraftInput
 from jaxspec.drafters.hidden import head_params, hidden_drafter
 from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache
@@ -166,9 +167,10 @@ def test_model_drafter_tree_nodes_are_top_candidates_of_their_own_path(tiny, tar
         L = len(text)
         toks = jnp.asarray([text + [0] * (T - L)])
         # The cache holds the text as before this step (prefill, or after earlier steps).
-        cache = spec.init(params, toks, jnp.asarray([L])) if step == 0 else cache
-        draft, q, cache = spec.propose_tree(params, cache, toks, jnp.asarray([L]),
-                                            jax.random.key(0), Sampling(), tree, 64)
+        inp = DraftInput(toks, jnp.asarray([L]), jnp.zeros((1, T, 0)), 64)
+        cache = spec.init(params, inp) if step == 0 else cache
+        out = spec.propose(params, cache, inp, jax.random.key(0), Sampling(), tree)
+        draft, q, cache = out.tokens_BxN, out.q, out.state
         assert q is None
         draft = np.asarray(draft)[0]
         prefixes = [text + [int(draft[tree.paths.index(p[:k])]) for k in range(1, len(p))]
@@ -190,10 +192,10 @@ def test_eagle_tree_nodes_along_rank_0_equal_its_chain(target):
     state = speculative.prefill(target.params, target.config, eagle,
                                 jnp.asarray([PROMPTS[0] + [0] * 23]), jnp.asarray([9]),
                                 jnp.asarray([8]), jax.random.key(0))
-    args = (eagle.params, state.drafter_state, state.tokens_BxT, state.lengths_B,
-            jax.random.key(0), Sampling())
-    draft_t, _, _ = eagle.spec.propose_tree(*args, tree, 64, state.features_BxTxD)
-    draft_c, _, _ = eagle.spec.propose(*args, 4, 64, state.features_BxTxD)
+    args = (eagle.params, state.drafter_state, state.draft_input(64), jax.random.key(0),
+            Sampling())
+    draft_t = eagle.spec.propose(*args, tree).tokens_BxN
+    draft_c = eagle.spec.propose(*args, trees.chain(4)).tokens_BxN
     zeros = [tree.paths.index((0,) * d) for d in range(1, 5)]
     assert np.asarray(draft_t)[0, zeros].tolist() == np.asarray(draft_c)[0].tolist()
 
@@ -204,8 +206,9 @@ def test_ngram_tree_candidates():
     spec = jaxspec.ngram_drafter(2).spec
     tree = trees.make_tree([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0)])
     toks = jnp.asarray([[4, 7, 1, 4, 9, 7, 4, 7, 0, 0, 0, 0]])
-    draft, q, _ = spec.propose_tree({}, (), toks, jnp.asarray([8]), jax.random.key(0),
-                                    Sampling(1.0), tree, 10)
+    inp = DraftInput(toks, jnp.asarray([8]), jnp.zeros((1, 12, 0)), 10)
+    out = spec.propose({}, (), inp, jax.random.key(0), Sampling(1.0), tree)
+    draft, q = out.tokens_BxN, out.q
     # Root: 1 ("4 7"), 4 ("7" at 5), then none left: 7 repeated. Node 1 -> "7 1": after it 4,
     # and after "1" only 4 again: the repeat of 1. Node 4 -> "7 4": 7 (n=2).
     assert np.asarray(draft).tolist() == [[1, 4, 7, 4, 1, 7]]

@@ -105,7 +105,7 @@ def run(workdir, kind: str = "eagle", dims=(1, 1, 1), step_sleep: float = 0.0, *
     s = settings(mesh=tuple(dims), **kw)
     mesh = sharding.make_mesh(*dims, devices=jax.devices()[:math.prod(dims)])
     vocab_ids = np.arange(TINY.vocab_size, dtype=np.int32)
-    spec = hidden.HiddenSpec(kind, TINY, DEPTH)
+    spec = hidden.hidden_spec(kind, TINY, DEPTH)
     head = _initial_head(kind)
     batches = SlowBatches(tokens, mask, s.batch_size, seed=0, sleep=step_sleep, features=feats)
     out = trainer.train(

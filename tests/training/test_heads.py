@@ -16,6 +16,7 @@ from jaxspec import sharding
 from jaxspec.checkpoints import heads as ckpt_heads
 from jaxspec.config import load_yaml
 from jaxspec.drafters import hidden
+from jaxspec.drafters.head import feature
 from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache
 from jaxspec.models.transformer import forward
@@ -71,7 +72,7 @@ def trained(selfgen, tmp_path_factory):
         if kind not in done:
             t = selfgen["target"]
             V, ids = t.config.vocab_size, selfgen["vocab_ids"]
-            spec = hidden.HiddenSpec(kind, t.config, DEPTH)
+            spec = hidden.hidden_spec(kind, t.config, DEPTH)
             head = jax.device_get(hidden.head_params(kind, t.config, DEPTH, jax.random.key(0),
                                                      t.params))
             s = trainer.TrainSettings(steps=STEPS, batch_size=8, seq_len=PROMPT + NEW - 1,
@@ -193,7 +194,7 @@ def test_the_loss_drafts_the_labels_when_given(kind, selfgen):
     """Labels (the target's greedy token after each position) replace the text's next tokens as
     what each position drafts; on the target's own greedy text they are the same."""
     t = selfgen["target"]
-    spec = hidden.HiddenSpec(kind, t.config, DEPTH)
+    spec = hidden.hidden_spec(kind, t.config, DEPTH)
     params = {"head": hidden.head_params(kind, t.config, DEPTH, jax.random.key(1), t.params),
               "shared": hidden.shared_params(t.params, np.arange(t.config.vocab_size))}
     tokens = jnp.asarray(selfgen["tokens"][:8])
@@ -289,20 +290,20 @@ def test_eagle_unrolled_steps_read_its_own_features(selfgen, trained):
     tokens = jnp.asarray(selfgen["tokens"][:4])
     feats = jnp.asarray(selfgen["feats"][:4], jnp.float32)
     B, N = tokens.shape
-    unrolled = spec.eagle_unroll(params, feats, tokens, DEPTH)
-    normed = hidden._feature(params["shared"], c, feats)
+    unrolled = spec.unroll(params, feats, tokens, DEPTH)
+    normed = feature(params["shared"], c, feats)
     for p in (0, 5, N - 2 - DEPTH):
         cache = init_cache(c, B, N, num_layers=1)
-        h, cache = spec.eagle_layer(params, normed[:, :p + 1], tokens[:, 1:p + 2],
+        h, cache = spec.layer(params, normed[:, :p + 1], tokens[:, 1:p + 2],
                                     jnp.broadcast_to(jnp.arange(p + 1), (B, p + 1)), cache)
         own = true = h[:, -1]
         for j in range(DEPTH):
             if j:
                 pos = jnp.full((B, 1), p + j)
                 tok = tokens[:, p + j + 1][:, None]
-                own, cache = spec.eagle_layer(params, own[:, None], tok, pos, cache)
+                own, cache = spec.layer(params, own[:, None], tok, pos, cache)
                 own = own[:, 0]
-                true = spec.eagle_layer(params, normed[:, :p + j + 1], tokens[:, 1:p + j + 2],
+                true = spec.layer(params, normed[:, :p + j + 1], tokens[:, 1:p + j + 2],
                                         jnp.broadcast_to(jnp.arange(p + j + 1), (B, p + j + 1)),
                                         init_cache(c, B, N, num_layers=1))[0][:, -1]
                 assert float(jnp.max(jnp.abs(unrolled[j, :, p] - true))) > 1e-2
@@ -356,7 +357,7 @@ def test_a_head_loss_refuses_teacher_losses(tmp_path, worker):
     """A given `loss` reads the frozen arrays: settings asking for kl/tvdpp (whose teacher
     params would reach it instead) are refused."""
     target, tokens, mask = worker.tiny_target(), *worker.pattern_rows()
-    spec = hidden.HiddenSpec("hydra", target.config, worker.DEPTH)
+    spec = hidden.hidden_spec("hydra", target.config, worker.DEPTH)
     with pytest.raises(ValueError, match="set loss to 'ce'"):
         trainer.train(worker.settings(loss="kl"), target.config, {}, Batches(tokens, mask, 16),
                       tmp_path, teacher=target, loss=heads.head_loss(spec, np.arange(64)),
