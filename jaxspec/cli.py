@@ -272,7 +272,7 @@ def cmd_tune_tree(args):
     acc = tree_search.acceptance(model, drafter, prompts, o["width"], o["depth"],
                                  o["max_new_tokens"], chat=bool(o.get("chat")), stop=o.get("stop"))
     print(acc.describe())
-    choice = tree_search.best_tree(acc.p_DxW, prof["relative_cost"], prof["c"], o["budget"])
+    choice = tree_search.best_tree(acc.p_AxW, prof["relative_cost"], prof["c"], o["budget"])
     print(choice.describe())
     run = {k: o[k] for k in ("questions", "template", "stop", "chat", "max_new_tokens", "limit",
                              "dtype") if o.get(k) is not None}

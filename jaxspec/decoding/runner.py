@@ -358,7 +358,7 @@ class Decoder:
         slot_prompt = np.full(B, -1)  # the prompt each slot holds; -1: empty
         pending = collections.deque(range(len(ids)))
         state = speculative.idle_state(config, B, T, speculative.cache_dtype(target.params),
-                                       stop_data.next_SxVxL.shape[0])
+                                       stop_data.next_ZxVxL.shape[0])
         stop_data = jax.tree.map(lambda a: _replicated(target, a), stop_data)
         if target.mesh is not None:
             state = jax.device_put(state, sharding.state_shardings(state, B, target.mesh,
@@ -453,7 +453,7 @@ def _result(target, state, B, gamma, wall, compile_s, stop_strings=()) -> Genera
     its ids with the token that completed it (`stops.cut`)."""
     tokens, lengths, prompt_lengths, steps, gained, drafted = sharding.to_host(
         (state.tokens_BxT, state.lengths_B, state.prompt_lengths_B, state.steps_B,
-         state.gained_BxN, state.gamma_BxN))
+         state.gained_BxI, state.gamma_BxI))
     token_ids = [tokens[b, prompt_lengths[b]:lengths[b]].tolist() for b in range(B)]
     if stop_strings:
         token_ids, texts = map(list, zip(*(stops.cut(target.tokenizer, t, stop_strings)

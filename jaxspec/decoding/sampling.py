@@ -58,17 +58,17 @@ def argmax(logits_xV, block: int = 1024):
     if V <= block:
         return jnp.argmax(logits_xV, axis=-1).astype(jnp.int32)
     x = jnp.pad(logits_xV, [(0, 0)] * len(lead) + [(0, -V % block)], constant_values=-jnp.inf)
-    x_xNxK = x.reshape(*lead, -1, block)
-    blk_x = jnp.argmax(jnp.max(x_xNxK, axis=-1), axis=-1)
-    in_blk_xK = jnp.take_along_axis(x_xNxK, blk_x[..., None, None], axis=-2)[..., 0, :]
+    x_xOxK = x.reshape(*lead, -1, block)
+    blk_x = jnp.argmax(jnp.max(x_xOxK, axis=-1), axis=-1)
+    in_blk_xK = jnp.take_along_axis(x_xOxK, blk_x[..., None, None], axis=-2)[..., 0, :]
     return (blk_x * block + jnp.argmax(in_blk_xK, axis=-1)).astype(jnp.int32)
 
 
-def _first_above(cum_xN, u_x, mass_xN):
-    """Index of the first entry whose running sum exceeds u, never one with zero mass."""
-    n_x = jnp.sum(cum_xN <= u_x[..., None], axis=-1)
-    N = cum_xN.shape[-1]
-    last_x = N - 1 - jnp.argmax(jnp.flip(mass_xN > 0, axis=-1), axis=-1)  # last with mass
+def _first_above(cum, u_x, mass):
+    """Index of the first entry on the last axis whose running sum `cum` exceeds u, never one
+    with zero mass."""
+    n_x = jnp.sum(cum <= u_x[..., None], axis=-1)
+    last_x = cum.shape[-1] - 1 - jnp.argmax(jnp.flip(mass > 0, axis=-1), axis=-1)  # with mass
     return jnp.minimum(n_x, last_x)
 
 
@@ -79,13 +79,13 @@ def sample(key, p_xV, block: int = 1024):
     CPU)."""
     *lead, V = p_xV.shape
     p = jnp.pad(p_xV, [(0, 0)] * len(lead) + [(0, -V % block)])
-    p_xNxK = p.reshape(*lead, -1, block)
-    mass_xN = jnp.sum(p_xNxK, axis=-1)
-    cum_xN = jnp.cumsum(mass_xN, axis=-1)
-    u_x = jax.random.uniform(key, tuple(lead)) * cum_xN[..., -1]
-    blk_x = _first_above(cum_xN, u_x, mass_xN)
-    before_x = jnp.take_along_axis(cum_xN - mass_xN, blk_x[..., None], axis=-1)[..., 0]
-    in_xK = jnp.take_along_axis(p_xNxK, blk_x[..., None, None], axis=-2)[..., 0, :]
+    p_xOxK = p.reshape(*lead, -1, block)
+    mass_xO = jnp.sum(p_xOxK, axis=-1)
+    cum_xO = jnp.cumsum(mass_xO, axis=-1)
+    u_x = jax.random.uniform(key, tuple(lead)) * cum_xO[..., -1]
+    blk_x = _first_above(cum_xO, u_x, mass_xO)
+    before_x = jnp.take_along_axis(cum_xO - mass_xO, blk_x[..., None], axis=-1)[..., 0]
+    in_xK = jnp.take_along_axis(p_xOxK, blk_x[..., None, None], axis=-2)[..., 0, :]
     idx_x = _first_above(jnp.cumsum(in_xK, axis=-1), u_x - before_x, in_xK)
     return (blk_x * block + idx_x).astype(jnp.int32)
 

@@ -4,8 +4,8 @@ skipped, Draft & Verify) should skip, chosen from measured acceptance and measur
 Greedy acceptance of a layer-skip draft needs no decoding to measure: a draft is accepted when
 the skipped model's argmax equals the target's on the target's own text, and the drafter's cache
 holds the skipped model's own keys, so one teacher-forced forward per skip set gives its
-acceptance at every position. The set is a data mask (`forward(keep_L=)`): one compiled function
-scores every candidate.
+acceptance at every position. The set is a data mask (`forward(keep_layers=)`): one compiled
+function scores every candidate.
 
 Search: greedy elimination from the full model. Each round drops the layer whose removal keeps
 agreement highest, giving one candidate per size; each candidate's expected speedup comes from
@@ -90,18 +90,18 @@ def agreement_fn(model, tokens_BxL, weight_BxL) -> Callable[[tuple[int, ...]], f
     pos_BxL = jnp.broadcast_to(jnp.arange(L), (B, L))
 
     @jax.jit
-    def predict(params, tokens_BxL, keep_L):
+    def predict(params, tokens_BxL, keep_layers):
         logits_BxLxV, _ = forward(params, c, tokens_BxL, pos_BxL, init_cache(c, B, L),
-                                  keep_L=keep_L)
+                                  keep_layers=keep_layers)
         return argmax(logits_BxLxV)
 
     tokens = jnp.asarray(tokens_BxL)
     ref_BxL = np.asarray(predict(model.params, tokens, jnp.ones(n, bool)))
 
     def agreement(skip) -> float:
-        keep_L = np.ones(n, bool)
-        keep_L[list(skip)] = False
-        hit_BxL = np.asarray(predict(model.params, tokens, jnp.asarray(keep_L))) == ref_BxL
+        keep_layers = np.ones(n, bool)
+        keep_layers[list(skip)] = False
+        hit_BxL = np.asarray(predict(model.params, tokens, jnp.asarray(keep_layers))) == ref_BxL
         return float(np.sum(hit_BxL * weight_BxL) / np.sum(weight_BxL))
 
     return agreement

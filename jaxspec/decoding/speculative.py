@@ -65,13 +65,13 @@ class DecodeState:
     drafter_state: Any
     key: jnp.ndarray  # one key for the batch, or one per row [B] (plain decoding only)
     steps_B: jnp.ndarray  # verification steps taken per row
-    gained_BxN: jnp.ndarray  # tokens gained at step n (accepted drafts + 1); N = T bounds steps
-    gamma_BxN: jnp.ndarray  # tokens drafted at step n
+    gained_BxI: jnp.ndarray  # tokens gained at step i (accepted drafts + 1); I = T bounds steps
+    gamma_BxI: jnp.ndarray  # tokens drafted at step i
     accepted_BxG: jnp.ndarray  # per draft position, steps that accepted it and that reached it,
     tried_BxG: jnp.ndarray  # decayed by _MEMORY each step: gamma="auto"'s estimate (G = 0 else)
     features_BxTxD: jnp.ndarray  # slot t: the target's hidden state at position t, kept for
     # positions < length - 1 when the drafter reads features (D = 0 otherwise)
-    stop_BxS: jnp.ndarray  # each row's state in each stop string's automaton (`Stops`)
+    stop_BxZ: jnp.ndarray  # each row's state in each stop string's automaton (`Stops`)
 
     @property
     def new_tokens_B(self):
@@ -87,7 +87,7 @@ class Stops:
     """What ends a row, as data (`stops.tables` builds it from stop strings and ids)."""
     ends_V: jnp.ndarray  # bool: the token ends its row alone (an end-of-sequence or stop id, or
     # a text holding a stop string)
-    next_SxVxL: jnp.ndarray  # int8/16: stop string s's state after token v from state l: the
+    next_ZxVxL: jnp.ndarray  # int8/16: stop string s's state after token v from state l: the
     # length of the longest suffix of the row's text that is a proper prefix of s; -1 once the
     # text holds s. Strings of 2+ characters only; L: the longest
 
@@ -141,9 +141,9 @@ def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_leng
     return constrain(DecodeState(
         tokens_BxT=tokens_BxT, lengths_B=prompt_lengths_B, prompt_lengths_B=prompt_lengths_B,
         max_new_B=max_new_B, done_B=max_new_B <= 0, target_cache=cache, drafter_state=dstate,
-        key=key, steps_B=jnp.zeros((B,), jnp.int32), gained_BxN=jnp.zeros((B, T), jnp.int32),
-        gamma_BxN=jnp.zeros((B, T), jnp.int32), accepted_BxG=counts(0), tried_BxG=counts(1),
-        features_BxTxD=feats_BxTxD, stop_BxS=jnp.zeros((B, num_stops), jnp.int32)), B)
+        key=key, steps_B=jnp.zeros((B,), jnp.int32), gained_BxI=jnp.zeros((B, T), jnp.int32),
+        gamma_BxI=jnp.zeros((B, T), jnp.int32), accepted_BxG=counts(0), tried_BxG=counts(1),
+        features_BxTxD=feats_BxTxD, stop_BxZ=jnp.zeros((B, num_stops), jnp.int32)), B)
 
 
 def verify(target_params, config, state: DecodeState, draft_BxN,
@@ -167,8 +167,8 @@ def verify(target_params, config, state: DecodeState, draft_BxN,
 
 def accept(key, logits_BxN1xV, draft_BxN, q: DraftProbs | None, sampling: Sampling,
            gamma_B=None, tree: Tree | DynamicTree | None = None, rows: RowTree | None = None):
-    """(n_accepted [B], emitted [B, D+1], path [B, D+1]) for the N draft nodes of `tree`
-    (default: a chain) and depth D: row b keeps emitted[b, :n + 1], the tokens of its accepted
+    """(n_accepted [B], emitted [B, A+1], path [B, A+1]) for the N draft nodes of `tree`
+    (default: a chain) and depth A: row b keeps emitted[b, :n + 1], the tokens of its accepted
     nodes (feed indices path[b, 1:n + 1]; path[b, 0] = 0 is the root) and then the target's.
     Row b drafted only its first gamma_B[b] nodes (all by default); the rest are never accepted.
 
@@ -220,14 +220,14 @@ def accept(key, logits_BxN1xV, draft_BxN, q: DraftProbs | None, sampling: Sampli
         r_BxV = jnp.where(hit_B[:, None], p_BxN1xV[rows_B, node_B], r_BxV)
         fresh_B |= hit_B
     n_B = jnp.zeros((B,), jnp.int32) + n_B
-    path_BxD1 = jnp.stack(path, axis=1)
+    path_BxA1 = jnp.stack(path, axis=1)
     r_BxV = jnp.where(fresh_B[:, None], _normalize(r_BxV, r_BxV), r_BxV)
     fix_B = jax.vmap(sample)(k_fix, r_BxV) if per_row else sample(k_fix, r_BxV)
     padded_BxN1 = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), draft_BxN], axis=1)
-    nodes_BxD1 = jnp.take_along_axis(padded_BxN1, jnp.roll(path_BxD1, -1, axis=1), axis=1)
-    emitted_BxD1 = jnp.where(jnp.arange(tree.max_depth + 1) == n_B[:, None], fix_B[:, None],
-                             nodes_BxD1)
-    return n_B, emitted_BxD1, path_BxD1
+    nodes_BxA1 = jnp.take_along_axis(padded_BxN1, jnp.roll(path_BxA1, -1, axis=1), axis=1)
+    emitted_BxA1 = jnp.where(jnp.arange(tree.max_depth + 1) == n_B[:, None], fix_B[:, None],
+                             nodes_BxA1)
+    return n_B, emitted_BxA1, path_BxA1
 
 
 def _accept_greedy(target_BxN1, draft_BxN, gamma_B, tree: Tree):
@@ -242,9 +242,9 @@ def _accept_greedy(target_BxN1, draft_BxN, gamma_B, tree: Tree):
     acc_BxN1 = jnp.all(ok_BxN1[:, None, :] | ~tree.ancestors_N1xN1, axis=-1)
     depth_BxN1 = jnp.where(acc_BxN1, tree.depth_N1, -1)
     best_B = jnp.argmax(depth_BxN1, axis=1)
-    path_BxD1 = jnp.asarray(tree.path_N1xD1)[best_B]
+    path_BxA1 = jnp.asarray(tree.path_N1xA1)[best_B]
     n_B = jnp.max(depth_BxN1, axis=1).astype(jnp.int32)
-    return n_B, jnp.take_along_axis(target_BxN1, path_BxD1, axis=1), path_BxD1
+    return n_B, jnp.take_along_axis(target_BxN1, path_BxA1, axis=1), path_BxA1
 
 
 def _accept_rows(target_BxN1, draft_BxN, parent_BxN, depth: int):
@@ -262,8 +262,8 @@ def _accept_rows(target_BxN1, draft_BxN, parent_BxN, depth: int):
         node_B = jnp.where(live_B, jnp.argmax(match_BxN, axis=1).astype(jnp.int32) + 1, node_B)
         n_B += live_B
         path.append(node_B)
-    path_BxD1 = jnp.stack(path, axis=1)
-    return n_B, jnp.take_along_axis(target_BxN1, path_BxD1, axis=1), path_BxD1
+    path_BxA1 = jnp.stack(path, axis=1)
+    return n_B, jnp.take_along_axis(target_BxN1, path_BxA1, axis=1), path_BxA1
 
 
 def _normalize(r_BxV, fallback_BxV):
@@ -272,20 +272,20 @@ def _normalize(r_BxV, fallback_BxV):
     return jnp.where(mass_Bx1 > 0, r_BxV / jnp.maximum(mass_Bx1, 1e-30), fallback_BxV)
 
 
-def _first_stop(stops: Stops, stop_BxS, emitted_BxG1, gained_B):
+def _first_stop(stops: Stops, stop_BxZ, emitted_BxG1, gained_B):
     """Run each row's stop automata over its gained tokens in order: (the index of the first
     token that ends the row, G1 if none; the automata's states after the tokens up to it)."""
     B, G1 = emitted_BxG1.shape
-    s_S = jnp.arange(stops.next_SxVxL.shape[0])
+    s_Z = jnp.arange(stops.next_ZxVxL.shape[0])
     first_B = jnp.full((B,), G1)
     for i in range(G1):
         x_B = emitted_BxG1[:, i]
         live_B = (i < gained_B) & (first_B == G1)
-        next_BxS = stops.next_SxVxL[s_S, x_B[:, None], stop_BxS].astype(jnp.int32)
-        ends_B = stops.ends_V[x_B] | jnp.any(next_BxS < 0, axis=1)
+        next_BxZ = stops.next_ZxVxL[s_Z, x_B[:, None], stop_BxZ].astype(jnp.int32)
+        ends_B = stops.ends_V[x_B] | jnp.any(next_BxZ < 0, axis=1)
         first_B = jnp.where(live_B & ends_B, i, first_B)
-        stop_BxS = jnp.where(live_B[:, None], next_BxS, stop_BxS)
-    return first_B, stop_BxS
+        stop_BxZ = jnp.where(live_B[:, None], next_BxZ, stop_BxZ)
+    return first_B, stop_BxZ
 
 
 def advance(state: DecodeState, n_B, emitted_BxG1, stops: Stops, target_cache, drafter_state,
@@ -297,7 +297,7 @@ def advance(state: DecodeState, n_B, emitted_BxG1, stops: Stops, target_cache, d
     T = state.tokens_BxT.shape[1]
     i_G1 = jnp.arange(G1)
     gained_B = jnp.where(state.done_B, 0, n_B + 1)
-    first_B, stop_BxS = _first_stop(stops, state.stop_BxS, emitted_BxG1, gained_B)
+    first_B, stop_BxZ = _first_stop(stops, state.stop_BxZ, emitted_BxG1, gained_B)
     hit_B = first_B < G1
     gained_B = jnp.where(hit_B, first_B + 1, gained_B)
     budget_B = state.max_new_B - state.new_tokens_B
@@ -311,7 +311,7 @@ def advance(state: DecodeState, n_B, emitted_BxG1, stops: Stops, target_cache, d
     feats_BxTxD = state.features_BxTxD.at[rows_Bx1, fslots_BxG1].set(feats_BxG1xD, mode="drop")
     lengths_B = state.lengths_B + gained_B
     step_B = jnp.where(state.done_B, T, state.steps_B)  # finished rows log nothing
-    gained_BxN = state.gained_BxN.at[jnp.arange(B), step_B].set(gained_B, mode="drop")
+    gained_BxI = state.gained_BxI.at[jnp.arange(B), step_B].set(gained_B, mode="drop")
     # Another step writes `span` slots (default G1) from length - 1 on: stop when the cache
     # cannot take it.
     full_B = lengths_B + (span or G1) > T
@@ -319,8 +319,8 @@ def advance(state: DecodeState, n_B, emitted_BxG1, stops: Stops, target_cache, d
               | full_B)
     return state.replace(tokens_BxT=tokens_BxT, lengths_B=lengths_B, done_B=done_B,
                          target_cache=target_cache, drafter_state=drafter_state, key=key,
-                         steps_B=state.steps_B + (~state.done_B), gained_BxN=gained_BxN,
-                         features_BxTxD=feats_BxTxD, stop_BxS=stop_BxS)
+                         steps_B=state.steps_B + (~state.done_B), gained_BxI=gained_BxI,
+                         features_BxTxD=feats_BxTxD, stop_BxZ=stop_BxZ)
 
 
 _MEMORY = 0.95  # weight of a row's past tries per step, for gamma="auto": the last ~20 tries
@@ -329,12 +329,12 @@ _MEMORY = 0.95  # weight of a row's past tries per step, for gamma="auto": the l
 def track(state: DecodeState, gamma_B, n_B) -> DecodeState:
     """Log each row's draft length and update its acceptance counts: a step that drafted gamma
     tokens and accepted n reached drafts 1..min(n + 1, gamma) and accepted drafts 1..n."""
-    B, T = state.gained_BxN.shape
+    B, T = state.gained_BxI.shape
     step_B = jnp.where(state.done_B, T, state.steps_B)
     j_G = jnp.arange(1, state.accepted_BxG.shape[1] + 1)
     reached_BxG = j_G <= jnp.minimum(n_B + 1, gamma_B)[:, None]
     return state.replace(
-        gamma_BxN=state.gamma_BxN.at[jnp.arange(B), step_B].set(gamma_B, mode="drop"),
+        gamma_BxI=state.gamma_BxI.at[jnp.arange(B), step_B].set(gamma_B, mode="drop"),
         accepted_BxG=_MEMORY * state.accepted_BxG + (j_G <= n_B[:, None]),
         tried_BxG=_MEMORY * state.tried_BxG + reached_BxG)
 
@@ -356,9 +356,9 @@ def decode_loop(target_params, drafter, state: DecodeState, settings: Settings, 
     vocab = config.vocab_size
     B = state.tokens_BxT.shape[0]
     stops = no_stops(vocab) if stops is None else stops
-    if state.stop_BxS.shape[1] != stops.next_SxVxL.shape[0]:
-        raise ValueError(f"{stops.next_SxVxL.shape[0]} stop automata, but the state has "
-                         f"{state.stop_BxS.shape[1]} (prefill's `num_stops`)")
+    if state.stop_BxZ.shape[1] != stops.next_ZxVxL.shape[0]:
+        raise ValueError(f"{stops.next_ZxVxL.shape[0]} stop automata, but the state has "
+                         f"{state.stop_BxZ.shape[1]} (prefill's `num_stops`)")
     if state.key.ndim and drafter is not None:
         raise ValueError("per-row keys are for plain decoding (no drafter)")
     if isinstance(settings.shape, Auto) != (costs_G1 is not None):
@@ -385,12 +385,12 @@ def decode_loop(target_params, drafter, state: DecodeState, settings: Settings, 
                                                     t if rows is None else rows)
         if g:
             dstate = drafter.spec.observe(drafter.params, dstate, logits_BxG1xV)
-        n_B, emitted_BxD1, path_BxD1 = accept(k_accept, logits_BxG1xV, draft_BxG, q, sampling,
+        n_B, emitted_BxA1, path_BxA1 = accept(k_accept, logits_BxG1xV, draft_BxG, q, sampling,
                                               gamma_B, t, rows)
-        feats_BxD1xD = jnp.take_along_axis(feats_BxG1xD, path_BxD1[..., None], axis=1)
+        feats_BxA1xD = jnp.take_along_axis(feats_BxG1xD, path_BxA1[..., None], axis=1)
         pad = lambda x: jnp.pad(x, [(0, 0), (0, top.max_depth - t.max_depth)]
                                 + [(0, 0)] * (x.ndim - 2))
-        return (n_B, pad(emitted_BxD1), pad(path_BxD1), pad(feats_BxD1xD), cache, dstate)
+        return (n_B, pad(emitted_BxA1), pad(path_BxA1), pad(feats_BxA1xD), cache, dstate)
 
     def body(state: DecodeState) -> DecodeState:
         key, k_draft, k_accept = _split(state.key, 3)
@@ -409,11 +409,11 @@ def decode_loop(target_params, drafter, state: DecodeState, settings: Settings, 
             gamma_B = jnp.where(want_B > 0, branch, 0)
             branches = [functools.partial(step, chain(g)) for g in range(top.size + 1)]
             out = jax.lax.switch(branch, branches, state, gamma_B, k_draft, k_accept)
-        n_B, emitted_BxD1, path_BxD1, feats_BxD1xD, cache, dstate = out
-        cache = compact(cache, state.lengths_B - 1, path_BxD1, n_B)
+        n_B, emitted_BxA1, path_BxA1, feats_BxA1xD, cache, dstate = out
+        cache = compact(cache, state.lengths_B - 1, path_BxA1, n_B)
         state = track(state, gamma_B, n_B)
-        return constrain(advance(state, n_B, emitted_BxD1, stops, cache, dstate, key,
-                                 feats_BxD1xD, top.size + 1), B)
+        return constrain(advance(state, n_B, emitted_BxA1, stops, cache, dstate, key,
+                                 feats_BxA1xD, top.size + 1), B)
 
     def cond(carry):
         state, step = carry
@@ -436,7 +436,7 @@ def run(target_params, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key, pr
     (default: nothing but the budget)."""
     if costs_G1 is not None and prior_2xG is None:
         prior_2xG = jnp.zeros((2, len(costs_G1) - 1))
-    num_stops = 0 if stops is None else stops.next_SxVxL.shape[0]
+    num_stops = 0 if stops is None else stops.next_ZxVxL.shape[0]
     state = prefill(target_params, settings.config, drafter, tokens_BxT, prompt_lengths_B,
                     max_new_B, key, prior_2xG, num_stops)
     return decode_loop(target_params, drafter, state, settings, stops=stops, costs_G1=costs_G1)
@@ -457,12 +457,12 @@ def idle_state(config: ModelConfig, batch: int, max_len: int, cache_dtype,
         done_B=jnp.ones((batch,), bool),
         target_cache=init_cache(config, batch, max_len, cache_dtype),
         drafter_state=(), key=jax.random.split(jax.random.key(0), batch),
-        steps_B=jnp.zeros((batch,), jnp.int32), gained_BxN=jnp.zeros((batch, max_len), jnp.int32),
-        gamma_BxN=jnp.zeros((batch, max_len), jnp.int32),
+        steps_B=jnp.zeros((batch,), jnp.int32), gained_BxI=jnp.zeros((batch, max_len), jnp.int32),
+        gamma_BxI=jnp.zeros((batch, max_len), jnp.int32),
         accepted_BxG=jnp.zeros((batch, 0), jnp.float32),
         tried_BxG=jnp.zeros((batch, 0), jnp.float32),
         features_BxTxD=jnp.zeros((batch, max_len, 0)),
-        stop_BxS=jnp.zeros((batch, num_stops), jnp.int32))
+        stop_BxZ=jnp.zeros((batch, num_stops), jnp.int32))
 
 
 def shared_prefix(target_params, tokens_1xT, length, *, config: ModelConfig):
@@ -484,7 +484,7 @@ def refill(target_params, state: DecodeState, tokens_RxT, prompt_lengths_R, max_
     uses (so a row's keys and values round as they do there). Jit with `config` static."""
     keys_R = jax.vmap(jax.random.key)(seeds_R)
     new = prefill(target_params, config, None, tokens_RxT, prompt_lengths_R, max_new_R, keys_R,
-                  num_stops=state.stop_BxS.shape[1], shared=(shared_cache, shared_len))
+                  num_stops=state.stop_BxZ.shape[1], shared=(shared_cache, shared_len))
     return constrain(jax.tree.map(lambda big, small: big.at[slots_R].set(small, mode="drop"),
                                   state, new), state.tokens_BxT.shape[0])
 

@@ -29,12 +29,12 @@ def tables(model, stop) -> tuple[Stops, tuple[str, ...]]:
     ids, strings = _parse(model, stop)
     V = model.config.vocab_size
     if strings:
-        ends_V, next_SxVxL = _string_tables(model.tokenizer, strings, V)
+        ends_V, next_ZxVxL = _string_tables(model.tokenizer, strings, V)
     else:
-        ends_V, next_SxVxL = np.zeros(V, bool), np.zeros((0, V, 0), np.int8)
+        ends_V, next_ZxVxL = np.zeros(V, bool), np.zeros((0, V, 0), np.int8)
     ends_V = ends_V.copy()
     ends_V[list(ids)] = True
-    return Stops(ends_V, next_SxVxL), strings
+    return Stops(ends_V, next_ZxVxL), strings
 
 
 def strings(model, stop) -> tuple[str, ...]:
@@ -90,17 +90,17 @@ def token_texts(tok) -> tuple[str, ...]:
 
 @functools.lru_cache(maxsize=16)
 def _string_tables(tok, strings: tuple[str, ...], vocab: int):
-    """(ends_V: tokens whose text holds a stop string; next_SxVxL: the automata of the strings of
+    """(ends_V: tokens whose text holds a stop string; next_ZxVxL: the automata of the strings of
     2+ characters, int8 or int16, -1 once the text holds the string)."""
     texts = token_texts(tok)[:vocab]
     texts += ("",) * (vocab - len(texts))
     ends_V = np.array([any(s in x for s in strings) for x in texts])
     long = [s for s in strings if len(s) > 1]
     L = max(map(len, long), default=0)
-    next_SxVxL = np.zeros((len(long), vocab, L), np.int8 if L < 128 else np.int16)
-    for s, next_VxL in zip(long, next_SxVxL):
+    next_ZxVxL = np.zeros((len(long), vocab, L), np.int8 if L < 128 else np.int16)
+    for s, next_VxL in zip(long, next_ZxVxL):
         _automaton(texts, s, next_VxL)
-    return ends_V, next_SxVxL
+    return ends_V, next_ZxVxL
 
 
 def _automaton(texts, s: str, next_VxL) -> None:

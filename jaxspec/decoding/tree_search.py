@@ -47,25 +47,25 @@ def positive(**sizes) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Acceptance:
-    hits_DxW: np.ndarray  # steps whose rank-r candidate at depth d + 1 was the target's token
-    tried_D: np.ndarray  # steps that reached depth d + 1: its parent matched, the text goes on
+    hits_AxW: np.ndarray  # steps whose rank-r candidate at depth d + 1 was the target's token
+    tried_A: np.ndarray  # steps that reached depth d + 1: its parent matched, the text goes on
     gains: list[list[int]]  # tokens gained at each step of the full-tree decode, per prompt
 
     @property
-    def p_DxW(self) -> np.ndarray:
-        tried_Dx1 = self.tried_D[:, None]
-        return np.divide(self.hits_DxW, tried_Dx1, out=np.zeros(self.hits_DxW.shape),
-                         where=tried_Dx1 > 0)
+    def p_AxW(self) -> np.ndarray:
+        tried_Ax1 = self.tried_A[:, None]
+        return np.divide(self.hits_AxW, tried_Ax1, out=np.zeros(self.hits_AxW.shape),
+                         where=tried_Ax1 > 0)
 
     def describe(self) -> str:
-        D, W = self.hits_DxW.shape
+        A, W = self.hits_AxW.shape
         steps = sum(map(len, self.gains))
         tau = sum(map(sum, self.gains)) / max(steps, 1)
-        rows = [f"acceptance over {steps} steps of the full tree (width {W}, depth {D}; "
+        rows = [f"acceptance over {steps} steps of the full tree (width {W}, depth {A}; "
                 f"tau {tau:.3f}): p[depth][rank] given the parent matched",
                 "depth  steps" + "".join(f"  rank {r}" for r in range(W))]
-        rows += [f"{d + 1:5d} {int(self.tried_D[d]):6d}" + "".join(f" {p:7.3f}" for p in row)
-                 for d, row in enumerate(self.p_DxW)]
+        rows += [f"{d + 1:5d} {int(self.tried_A[d]):6d}" + "".join(f" {p:7.3f}" for p in row)
+                 for d, row in enumerate(self.p_AxW)]
         return "\n".join(rows)
 
 
@@ -73,42 +73,42 @@ _prefill = jax.jit(speculative.prefill, static_argnums=1)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "tree"))
-def _draft_rows(drafter, dstate, feats_PxTxD, tokens_PxT, prompt_R, lengths_R, *, config, tree):
+def _draft_rows(drafter, dstate, feats_BxTxD, tokens_BxT, prompt_R, lengths_R, *, config, tree):
     """The drafter's `tree` [R, N] at lengths_R of prompts prompt_R, from per-prompt states over
     the whole text (tokens past a row's length are padding, as in a decode)."""
-    T = tokens_PxT.shape[1]
-    tokens_RxT = jnp.where(jnp.arange(T) < lengths_R[:, None], tokens_PxT[prompt_R],
+    T = tokens_BxT.shape[1]
+    tokens_RxT = jnp.where(jnp.arange(T) < lengths_R[:, None], tokens_BxT[prompt_R],
                            config.pad_token_id)
     dstate_R = jax.tree.map(lambda x: x[prompt_R], dstate)
-    inp = DraftInput(tokens_RxT, lengths_R, feats_PxTxD[prompt_R], config.vocab_size)
+    inp = DraftInput(tokens_RxT, lengths_R, feats_BxTxD[prompt_R], config.vocab_size)
     return drafter.spec.propose(drafter.params, dstate_R, inp, jax.random.key(0), Sampling(),
                                 tree).tokens_BxN
 
 
-def _ranks(tree: Tree, draft_RxN, next_RxD) -> np.ndarray:
-    """Rank of the accepted node at each depth [R, D] (-1: none): descend from the root to the
-    first child in rank order whose token is the target's next one (`next_RxD`; -1 past the
+def _ranks(tree: Tree, draft_RxN, next_RxA) -> np.ndarray:
+    """Rank of the accepted node at each depth [R, A] (-1: none): descend from the root to the
+    first child in rank order whose token is the target's next one (`next_RxA`; -1 past the
     text), as greedy `speculative.accept` does."""
-    R, D = next_RxD.shape
+    R, A = next_RxA.shape
     rows_R = np.arange(R)
-    rank_RxD = np.full((R, D), -1)
+    rank_RxA = np.full((R, A), -1)
     node_R, live_R = np.zeros(R, int), np.ones(R, bool)  # feed index of the last accepted node
-    for d in range(D):
+    for d in range(A):
         kid_RxW = tree.children_N1xW[node_R]
-        match_RxW = draft_RxN[rows_R[:, None], kid_RxW] == next_RxD[:, d, None]
+        match_RxW = draft_RxN[rows_R[:, None], kid_RxW] == next_RxA[:, d, None]
         live_R &= match_RxW.any(axis=1)
         kid_R = kid_RxW[rows_R, np.argmax(match_RxW, axis=1)]
-        rank_RxD[live_R, d] = tree.rank_N[kid_R[live_R]]
+        rank_RxA[live_R, d] = tree.rank_N[kid_R[live_R]]
         node_R = np.where(live_R, kid_R + 1, node_R)
-    return rank_RxD
+    return rank_RxA
 
 
-def _drafts(target, drafter, tree: Tree, tokens_PxT, end_P, prompt_R, lengths_R) -> np.ndarray:
+def _drafts(target, drafter, tree: Tree, tokens_BxT, end_B, prompt_R, lengths_R) -> np.ndarray:
     """The drafter's `tree` [R, N] at length lengths_R of prompt prompt_R: its state filled once
-    per prompt over the whole text (end_P tokens), rolled back per row by its length."""
+    per prompt over the whole text (end_B tokens), rolled back per row by its length."""
     c = target.config
-    state = _prefill(target.params, c, drafter, jnp.asarray(tokens_PxT), jnp.asarray(end_P),
-                     jnp.zeros(len(end_P), jnp.int32), jax.random.key(0))
+    state = _prefill(target.params, c, drafter, jnp.asarray(tokens_BxT), jnp.asarray(end_B),
+                     jnp.zeros(len(end_B), jnp.int32), jax.random.key(0))
     R = len(lengths_R)
     pad = -R % _ROWS  # one call shape: repeat the first row
     fixed = lambda x: jnp.asarray(np.concatenate([x, np.full(pad, x[0])]), jnp.int32)  # noqa
@@ -119,11 +119,11 @@ def _drafts(target, drafter, tree: Tree, tokens_PxT, end_P, prompt_R, lengths_R)
         for i in range(0, R + pad, _ROWS)])[:R]
 
 
-def _walk(gain_R, start_P, end_P) -> list[list[int]]:
+def _walk(gain_R, start_B, end_B) -> list[list[int]]:
     """Row indices of the steps a decode gaining gain_R at each row takes, per prompt (rows:
-    lengths start_P .. end_P - 1 of each prompt in turn)."""
+    lengths start_B .. end_B - 1 of each prompt in turn)."""
     steps, first = [], 0
-    for s, e in zip(start_P, end_P):
+    for s, e in zip(start_B, end_B):
         t, row = s, []
         while t < e:
             row.append(first + t - s)
@@ -143,41 +143,42 @@ def acceptance(target, drafter, prompts, width: int, depth: int, max_new_tokens:
         raise UserError(f"drafter {type(drafter.spec).__name__} cannot draft trees")
     drafter.spec.validate(drafter.params, target)
     tree = full_tree([width] * depth)
-    text_PxL, weight_PxL = greedy_texts(target, prompts, max_new_tokens, **generate_kw)
+    text_BxL, weight_BxL = greedy_texts(target, prompts, max_new_tokens, **generate_kw)
     # Weight marks the positions whose next token was generated: steps start at lengths
     # start .. end - 1 (end: the text's length).
-    start_P = np.argmax(weight_PxL, axis=1) + 1
-    end_P = start_P + weight_PxL.sum(axis=1).astype(int)
-    P, L = text_PxL.shape
-    T = cache_len(start_P, end_P - start_P, tree.size, target.config.max_position,
+    start_B = np.argmax(weight_BxL, axis=1) + 1
+    end_B = start_B + weight_BxL.sum(axis=1).astype(int)
+    B, L = text_BxL.shape
+    T = cache_len(start_B, end_B - start_B, tree.size, target.config.max_position,
                   f"{tree.size} nodes of the full tree")
-    tokens_PxT = np.full((P, T), target.config.pad_token_id, np.int32)
-    tokens_PxT[:, :L] = text_PxL
-    prompt_R = np.concatenate([np.full(e - s, p) for p, (s, e) in enumerate(zip(start_P, end_P))])
-    lengths_R = np.concatenate([np.arange(s, e) for s, e in zip(start_P, end_P)])
-    draft_RxN = _drafts(target, drafter, tree, tokens_PxT, end_P, prompt_R, lengths_R)
-    pos_RxD = lengths_R[:, None] + np.arange(depth)  # of the target's token at each depth
-    inside_RxD = pos_RxD < end_P[prompt_R][:, None]
-    next_RxD = np.where(inside_RxD, tokens_PxT[prompt_R[:, None], pos_RxD], -1)
-    rank_RxD = _ranks(tree, draft_RxN, next_RxD)
-    n_R = (rank_RxD >= 0).sum(axis=1)
-    gain_R = np.minimum(n_R + 1, end_P[prompt_R] - lengths_R)  # the budget cuts the last step
-    steps = _walk(gain_R, start_P, end_P)
-    S = [i for row in steps for i in row]
-    rank_SxD, tried_SxD = rank_RxD[S], (np.arange(depth) <= n_R[S, None]) & inside_RxD[S]
-    hits_DxW = np.zeros((depth, width), np.int64)
-    s, d = np.nonzero(rank_SxD >= 0)
-    np.add.at(hits_DxW, (d, rank_SxD[s, d]), 1)
-    return Acceptance(hits_DxW, tried_SxD.sum(axis=0), [gain_R[row].tolist() for row in steps])
+    tokens_BxT = np.full((B, T), target.config.pad_token_id, np.int32)
+    tokens_BxT[:, :L] = text_BxL
+    prompt_R = np.concatenate([np.full(e - s, p) for p, (s, e) in enumerate(zip(start_B, end_B))])
+    lengths_R = np.concatenate([np.arange(s, e) for s, e in zip(start_B, end_B)])
+    draft_RxN = _drafts(target, drafter, tree, tokens_BxT, end_B, prompt_R, lengths_R)
+    pos_RxA = lengths_R[:, None] + np.arange(depth)  # of the target's token at each depth
+    inside_RxA = pos_RxA < end_B[prompt_R][:, None]
+    next_RxA = np.where(inside_RxA, tokens_BxT[prompt_R[:, None], pos_RxA], -1)
+    rank_RxA = _ranks(tree, draft_RxN, next_RxA)
+    n_R = (rank_RxA >= 0).sum(axis=1)
+    gain_R = np.minimum(n_R + 1, end_B[prompt_R] - lengths_R)  # the budget cuts the last step
+    steps = _walk(gain_R, start_B, end_B)
+    walked = [i for row in steps for i in row]  # the rows the walk drafts at
+    rank_RxA, tried_RxA = rank_RxA[walked], ((np.arange(depth) <= n_R[walked, None])
+                                             & inside_RxA[walked])
+    hits_AxW = np.zeros((depth, width), np.int64)
+    r, d = np.nonzero(rank_RxA >= 0)
+    np.add.at(hits_AxW, (d, rank_RxA[r, d]), 1)
+    return Acceptance(hits_AxW, tried_RxA.sum(axis=0), [gain_R[row].tolist() for row in steps])
 
 
-def growth(p_DxW, budget: int, max_depth: int) -> list[tuple[tuple[int, ...], float]]:
+def growth(p_AxW, budget: int, max_depth: int) -> list[tuple[tuple[int, ...], float]]:
     """Up to `budget` nodes (path, path probability) of trees at most `max_depth` deep, in the
     order the greedy adds them: each time the frontier node of the highest path probability (the
     product of p along its path; ties: the shallower). A node's children join the frontier one
     at a time in rank order: rank 0 when the node is added, rank r + 1 when rank r is."""
-    W = p_DxW.shape[1]
-    frontier = {(0,): (p_DxW[0, 0], 1.0)}  # path -> (its probability, its parent's)
+    W = p_AxW.shape[1]
+    frontier = {(0,): (p_AxW[0, 0], 1.0)}  # path -> (its probability, its parent's)
     out = []
     while frontier and len(out) < budget:
         path = max(frontier, key=lambda q: (frontier[q][0], -len(q)))
@@ -185,9 +186,9 @@ def growth(p_DxW, budget: int, max_depth: int) -> list[tuple[tuple[int, ...], fl
         out.append((path, float(prob)))
         d, r = len(path), path[-1]
         if r + 1 < W:
-            frontier[path[:-1] + (r + 1,)] = (parent * p_DxW[d - 1, r + 1], parent)
+            frontier[path[:-1] + (r + 1,)] = (parent * p_AxW[d - 1, r + 1], parent)
         if d < max_depth:
-            frontier[path + (0,)] = (prob * p_DxW[d, 0], prob)
+            frontier[path + (0,)] = (prob * p_AxW[d, 0], prob)
     return out
 
 
@@ -225,12 +226,12 @@ def check_budget(budget: int, costs: dict) -> None:
                         f"{largest - 1}")
 
 
-def _best(p_DxW, costs: dict, c: float, budget: int) -> Pick:
+def _best(p_AxW, costs: dict, c: float, budget: int) -> Pick:
     """Of the grown trees of every size and depth limit, the one of the highest expected
     speedup."""
     best = None
-    for k in range(1, p_DxW.shape[0] + 1):
-        nodes = growth(p_DxW, budget, k)
+    for k in range(1, p_AxW.shape[0] + 1):
+        nodes = growth(p_AxW, budget, k)
         tau_N = 1 + np.cumsum([prob for _, prob in nodes])
         depth_N = np.maximum.accumulate([len(path) for path, _ in nodes])
         speed_N = [tau_N[n] / (relative_cost(costs, n + 2) + c * depth_N[n])
@@ -242,7 +243,7 @@ def _best(p_DxW, costs: dict, c: float, budget: int) -> Pick:
     return best
 
 
-def best_tree(p_DxW, costs: dict, c: float, budget: int) -> Choice:
+def best_tree(p_AxW, costs: dict, c: float, budget: int) -> Choice:
     """The tree of at most `budget` nodes of the highest expected speedup, and the best chain.
 
     A tree gains E = 1 + the sum of its nodes' path probabilities per step (the product of p
@@ -256,13 +257,13 @@ def best_tree(p_DxW, costs: dict, c: float, budget: int) -> Choice:
     with rank), so the n heaviest nodes form a tree, and growth takes them. The drafter's cost
     grows with depth, so growth runs once per depth limit; the best E / cost of all is optimal.
     """
-    p_DxW = np.asarray(p_DxW, np.float64)
-    if p_DxW.ndim != 2 or 0 in p_DxW.shape or not ((p_DxW >= 0) & (p_DxW <= 1)).all():
-        raise UserError(f"acceptance must be probabilities [depth, width], got {p_DxW.tolist()}")
+    p_AxW = np.asarray(p_AxW, np.float64)
+    if p_AxW.ndim != 2 or 0 in p_AxW.shape or not ((p_AxW >= 0) & (p_AxW <= 1)).all():
+        raise UserError(f"acceptance must be probabilities [depth, width], got {p_AxW.tolist()}")
     if not c >= 0:
         raise UserError(f"the drafter's cost c must be >= 0, got {c}")
     check_budget(budget, costs)
-    return Choice(_best(p_DxW, costs, c, budget), _best(p_DxW[:, :1], costs, c, budget))
+    return Choice(_best(p_AxW, costs, c, budget), _best(p_AxW[:, :1], costs, c, budget))
 
 
 def bench_config(choice: Choice, acc: Acceptance, run: dict, drafter: str) -> str:
@@ -274,9 +275,9 @@ def bench_config(choice: Choice, acc: Acceptance, run: dict, drafter: str) -> st
     import yaml
 
     b, ch = choice.best, choice.chain
-    D, W = acc.hits_DxW.shape
+    A, W = acc.hits_AxW.shape
     head = [f"Written by `jaxspec tune-tree` on {datetime.date.today()}: acceptance over "
-            f"{sum(map(len, acc.gains))} steps of the full tree of width {W}, depth {D}.",
+            f"{sum(map(len, acc.gains))} steps of the full tree of width {W}, depth {A}.",
             f"Chosen: {b.tree.size} nodes, depth {b.tree.max_depth}; expected tau {b.tau:.3f}, "
             f"{b.speedup:.3f}x; the best chain, gamma {ch.tree.size}: tau {ch.tau:.3f}, "
             f"{ch.speedup:.3f}x."]

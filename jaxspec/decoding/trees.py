@@ -73,7 +73,7 @@ class Tree:
         return out
 
     @functools.cached_property
-    def path_N1xD1(self) -> np.ndarray:
+    def path_N1xA1(self) -> np.ndarray:
         """[k, d]: feed index k's ancestor at depth d, k itself past its own depth."""
         out = np.zeros((self.size + 1, self.max_depth + 1), np.int32)
         for k in range(1, self.size + 1):
@@ -227,19 +227,19 @@ def full_tree(widths) -> Tree:
     return make_tree_paths(paths)
 
 
-def _draw(key, logits_xK, R: int, sampling: Sampling):
-    """R candidates [..., R] of each distribution, and for each the distribution it was drawn
-    from [..., R, K] (None when greedy): the R most likely ids (greedy), or R draws without
+def _draw(key, logits_xK, W: int, sampling: Sampling):
+    """W candidates [..., W] of each distribution, and for each the distribution it was drawn
+    from [..., W, K] (None when greedy): the W most likely ids (greedy), or W draws without
     replacement, draw r from what the earlier draws left, renormalised."""
     if sampling.greedy:
         x, out = logits_xK, []
-        for _ in range(R):
+        for _ in range(W):
             out.append(argmax(x))
             x = jnp.where(jax.nn.one_hot(out[-1], x.shape[-1], dtype=bool), -jnp.inf, x)
         return jnp.stack(out, axis=-1), None
     m = probs(logits_xK, sampling)
     ids, qs = [], []
-    for k in jax.random.split(key, R):
+    for k in jax.random.split(key, W):
         qs.append(m / jnp.maximum(jnp.sum(m, axis=-1, keepdims=True), 1e-30))
         ids.append(sample(k, m))
         m = jnp.where(jax.nn.one_hot(ids[-1], m.shape[-1], dtype=bool), 0.0, m)
@@ -255,17 +255,17 @@ def grow(tree: Tree, key, sampling: Sampling, root_logits_BxK, expand, carry, id
     `root_logits_BxK` is the root's distribution; expand(d, nodes, tok_BxP, carry) ->
     (logits_BxPxK, carry) gives those of the depth-d `nodes` (numpy indices: the ones with
     children) from their tokens. Returns draft [B, N], q (DraftProbs; None when greedy), carry."""
-    N, D = tree.size, tree.max_depth
+    N, A = tree.size, tree.max_depth
     draft, q = [None] * N, [None] * N
     logits_BxPxK, parents = root_logits_BxK[:, None], [0]
-    for d, k in zip(range(1, D + 1), jax.random.split(key, D)):
+    for d, k in zip(range(1, A + 1), jax.random.split(key, A)):
         level = tree.level(d)
-        R = int(tree.rank_N[level].max()) + 1
-        idx_BxPxR, q_BxPxRxK = _draw(k, logits_BxPxK, R, sampling)
+        W = int(tree.rank_N[level].max()) + 1
+        idx_BxPxW, q_BxPxWxK = _draw(k, logits_BxPxK, W, sampling)
         for i in level:
             j, r = parents.index(int(tree.parent_N[i])), int(tree.rank_N[i])
-            draft[i] = idx_BxPxR[:, j, r]
-            q[i] = None if q_BxPxRxK is None else q_BxPxRxK[:, j, r]
+            draft[i] = idx_BxPxW[:, j, r]
+            q[i] = None if q_BxPxWxK is None else q_BxPxWxK[:, j, r]
         inner = np.array([i for i in level if (tree.parent_N == i + 1).any()], np.int32)
         if len(inner):
             tok_BxP = jnp.stack([draft[i] for i in inner], axis=1)
@@ -281,17 +281,17 @@ def grow(tree: Tree, key, sampling: Sampling, root_logits_BxK, expand, carry, id
     return draft_BxN, DraftProbs(q_BxNxK, ids), carry
 
 
-def compact(cache, base_B, path_BxD1, n_B):
+def compact(cache, base_B, path_BxA1, n_B):
     """Move the keys/values of each row's accepted path (feed indices path[:, 1:n + 1], in
     scratch slots base + feed index) to slots base + depth, so slot t holds position t again.
     Sources never lie below their destinations, so one gather then one scatter does it."""
-    B, D1 = path_BxD1.shape
+    B, A1 = path_BxA1.shape
     T = cache.max_len
     rows_Bx1 = jnp.arange(B)[:, None]
-    d_D = jnp.arange(1, D1)
-    src_BxD = base_B[:, None] + path_BxD1[:, 1:]
-    dst_BxD = jnp.where(d_D <= n_B[:, None], base_B[:, None] + d_D, T)
-    move = lambda x: x.at[rows_Bx1, dst_BxD].set(x[rows_Bx1, jnp.minimum(src_BxD, T - 1)],
+    d_A = jnp.arange(1, A1)
+    src_BxA = base_B[:, None] + path_BxA1[:, 1:]
+    dst_BxA = jnp.where(d_A <= n_B[:, None], base_B[:, None] + d_A, T)
+    move = lambda x: x.at[rows_Bx1, dst_BxA].set(x[rows_Bx1, jnp.minimum(src_BxA, T - 1)],
                                                  mode="drop")
     return cache.replace(keys=tuple(map(move, cache.keys)),
                          values=tuple(map(move, cache.values)))

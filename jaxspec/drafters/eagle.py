@@ -77,9 +77,9 @@ class EagleSpec(HiddenSpec):
         steps in a row (gamma "auto") do older slots keep drafted values, which costs
         acceptance, never exactness. One fixed-shape call: a loop here would copy the shared
         embedding into its carry on every step."""
-        pos_BxW = jnp.maximum(inp.lengths_B[:, None] - 1 - WINDOW + jnp.arange(WINDOW), 0)
-        out_BxWxD, cache = self._feed(params, cache, inp, pos_BxW)
-        return cache, out_BxWxD[:, -1]
+        pos_BxS = jnp.maximum(inp.lengths_B[:, None] - 1 - WINDOW + jnp.arange(WINDOW), 0)
+        out_BxSxD, cache = self._feed(params, cache, inp, pos_BxS)
+        return cache, out_BxSxD[:, -1]
 
     def draft_chain(self, params, state, inp: DraftInput, key, sampling, gamma: int) -> Draft:
         keys = jax.random.split(key, gamma)
@@ -106,8 +106,8 @@ class EagleSpec(HiddenSpec):
         def expand(d, nodes, tok_BxP, carry):
             """carry: the feed indices of the nodes expanded last, their states [B, P, D], the
             cache."""
-            prev, s_BxQxD, cache = carry
-            s_BxPxD = s_BxQxD[:, [list(prev).index(int(tree.parent_N[i])) for i in nodes]]
+            prev, states, cache = carry
+            s_BxPxD = states[:, [list(prev).index(int(tree.parent_N[i])) for i in nodes]]
             pos_BxP = jnp.broadcast_to((base_B + d)[:, None], tok_BxP.shape)
             h_BxPxD, cache = self.layer(params, s_BxPxD, tok_BxP, pos_BxP, cache,
                                         base_B[:, None] + 1 + nodes, tree.region(base_B, nodes))
@@ -125,49 +125,49 @@ class EagleSpec(HiddenSpec):
         position, tree attention); then the `budget` candidates of highest path probability
         are kept, in pool order (by depth, so parents first; a child never scores above its
         parent, so their parents are kept too)."""
-        D, K, N = dtree.depth, dtree.width, dtree.budget
-        self.check_depth(D, f"the tree is {D} deep")
+        A, W, N = dtree.depth, dtree.width, dtree.budget
+        self.check_depth(A, f"the tree is {A} deep")
         shared, ids_K = params["shared"], params["vocab_ids"]
         B = inp.tokens_BxT.shape[0]
         rows_Bx1 = jnp.arange(B)[:, None]
         base_B = inp.lengths_B - 2  # the root's slot, the last caught-up position
         cache, root_BxD = self._catch_up(params, state, inp)
-        # Head slots base + m: m = 0 the root, then `width` expanded nodes per depth 1 .. D - 1.
+        # Head slots base + m: m = 0 the root, then `width` expanded nodes per depth 1 .. A - 1.
         M = 1 + dtree.expanded
-        depth_M = np.array([0] + [d for d in range(1, D) for _ in range(K)], np.int32)
+        depth_M = np.array([0] + [d for d in range(1, A) for _ in range(W)], np.int32)
         h_BxMxD = jnp.zeros((B, M) + root_BxD.shape[1:], root_BxD.dtype).at[:, 0].set(root_BxD)
         seen_BxMxM = jnp.zeros((B, M, M), bool).at[:, 0, 0].set(True)  # root, ancestors, self
-        score_BxL, tok_BxL = jax.lax.top_k(jax.nn.log_softmax(head_logits(shared, root_BxD)), K)
-        scores, toks = [score_BxL], [tok_BxL]
-        slot_BxL, pool_BxL = jnp.zeros((B, K), jnp.int32), jnp.full((B, K), -1, jnp.int32)
-        parents, start = [pool_BxL], 0  # pool index of each candidate's parent (-1: the root)
-        for d in range(1, D):
-            beam_BxK, sel_BxK = jax.lax.top_k(score_BxL, K)
-            at_BxK = jnp.take_along_axis(slot_BxL, sel_BxK, axis=1)  # the parents' head slots
-            slots_K = 1 + K * (d - 1) + np.arange(K)
-            seen_BxKxM = seen_BxMxM[rows_Bx1, at_BxK] | (np.arange(M) == slots_K[:, None])
-            seen_BxMxM = seen_BxMxM.at[:, slots_K].set(seen_BxKxM)
-            h_BxKxD, cache = self.layer(
-                params, h_BxMxD[rows_Bx1, at_BxK],
-                ids_K[jnp.take_along_axis(tok_BxL, sel_BxK, axis=1)],
-                jnp.broadcast_to((base_B + d)[:, None], (B, K)), cache,
-                base_B[:, None] + slots_K, (base_B, depth_M, seen_BxKxM))
-            h_BxMxD = h_BxMxD.at[:, slots_K].set(h_BxKxD)
-            lp_BxKxK, kid_BxKxK = jax.lax.top_k(
-                jax.nn.log_softmax(head_logits(shared, h_BxKxD)), K)
-            score_BxL = (beam_BxK[:, :, None] + lp_BxKxK).reshape(B, K * K)
-            tok_BxL = kid_BxKxK.reshape(B, K * K)
-            slot_BxL = jnp.broadcast_to(slots_K[:, None], (B, K, K)).reshape(B, K * K)
-            pool_BxL = jnp.broadcast_to((start + sel_BxK)[:, :, None], (B, K, K)).reshape(B, -1)
+        score_BxX, tok_BxX = jax.lax.top_k(jax.nn.log_softmax(head_logits(shared, root_BxD)), W)
+        scores, toks = [score_BxX], [tok_BxX]
+        slot_BxX, pool_BxX = jnp.zeros((B, W), jnp.int32), jnp.full((B, W), -1, jnp.int32)
+        parents, start = [pool_BxX], 0  # pool index of each candidate's parent (-1: the root)
+        for d in range(1, A):
+            beam_BxW, sel_BxW = jax.lax.top_k(score_BxX, W)
+            at_BxW = jnp.take_along_axis(slot_BxX, sel_BxW, axis=1)  # the parents' head slots
+            slots_W = 1 + W * (d - 1) + np.arange(W)
+            seen_BxWxM = seen_BxMxM[rows_Bx1, at_BxW] | (np.arange(M) == slots_W[:, None])
+            seen_BxMxM = seen_BxMxM.at[:, slots_W].set(seen_BxWxM)
+            h_BxWxD, cache = self.layer(
+                params, h_BxMxD[rows_Bx1, at_BxW],
+                ids_K[jnp.take_along_axis(tok_BxX, sel_BxW, axis=1)],
+                jnp.broadcast_to((base_B + d)[:, None], (B, W)), cache,
+                base_B[:, None] + slots_W, (base_B, depth_M, seen_BxWxM))
+            h_BxMxD = h_BxMxD.at[:, slots_W].set(h_BxWxD)
+            lp_BxWxW, kid_BxWxW = jax.lax.top_k(
+                jax.nn.log_softmax(head_logits(shared, h_BxWxD)), W)
+            score_BxX = (beam_BxW[:, :, None] + lp_BxWxW).reshape(B, W * W)
+            tok_BxX = kid_BxWxW.reshape(B, W * W)
+            slot_BxX = jnp.broadcast_to(slots_W[:, None], (B, W, W)).reshape(B, W * W)
+            pool_BxX = jnp.broadcast_to((start + sel_BxW)[:, :, None], (B, W, W)).reshape(B, -1)
             start += scores[-1].shape[1]
-            scores.append(score_BxL), toks.append(tok_BxL), parents.append(pool_BxL)
-        depth_P = np.concatenate([np.full(s.shape[1], d + 1) for d, s in enumerate(scores)])
+            scores.append(score_BxX), toks.append(tok_BxX), parents.append(pool_BxX)
+        depth_X = np.concatenate([np.full(s.shape[1], d + 1) for d, s in enumerate(scores)])
         sel_BxN = jnp.sort(jax.lax.top_k(jnp.concatenate(scores, axis=1), N)[1], axis=1)
         par_BxN = jnp.take_along_axis(jnp.concatenate(parents, axis=1), sel_BxN, axis=1)
         is_par_BxNxN = sel_BxN[:, None, :] == par_BxN[:, :, None]
         parent_BxN = jnp.where(par_BxN < 0, 0, jnp.where(  # -1: parent not kept (never)
             jnp.any(is_par_BxNxN, axis=2), jnp.argmax(is_par_BxNxN, axis=2) + 1, -1))
-        depth_BxN1 = jnp.pad(jnp.asarray(depth_P, jnp.int32)[sel_BxN], ((0, 0), (1, 0)))
+        depth_BxN1 = jnp.pad(jnp.asarray(depth_X, jnp.int32)[sel_BxN], ((0, 0), (1, 0)))
         draft_BxN = ids_K[jnp.take_along_axis(jnp.concatenate(toks, axis=1), sel_BxN, axis=1)]
         return Draft(draft_BxN, None, cache, RowTree(parent_BxN.astype(jnp.int32), depth_BxN1))
 
@@ -213,18 +213,18 @@ class EagleSpec(HiddenSpec):
         relative to that feature's RMS."""
         want_BxL = self.wanted(tokens_BxL, labels_BxL)
         S = features_BxLxD.shape[1] - 2
-        h_JxBxSxD = self.unroll(params, features_BxLxD, tokens_BxL, unroll)
+        h_UxBxSxD = self.unroll(params, features_BxLxD, tokens_BxL, unroll)
         f_BxLxD = feature(params["shared"], self.config, features_BxLxD)
         total, count = 0.0, 0
         for j in range(unroll):  # step j drafts token p + j + 2 from a guess of f_{p+j+1}
             tok_BxS, m_BxS = shifted(want_BxL, 2 + j, S), shifted(mask_BxL, 2 + j, S)
-            c, n = self.cross_entropy(params, h_JxBxSxD[j], tok_BxS, m_BxS, to_head_V, 0.8 ** j)
+            c, n = self.cross_entropy(params, h_UxBxSxD[j], tok_BxS, m_BxS, to_head_V, 0.8 ** j)
             total = total + c
             count = count + n if j == 0 else count
             m = shifted(mask_BxL, 1 + j, S)
             want = shifted(f_BxLxD, 1 + j, S)
             scale = jnp.sqrt(jnp.mean(want * want, axis=-1, keepdims=True) + 1e-6)
-            d = jnp.abs(h_JxBxSxD[j] - want) / scale
+            d = jnp.abs(h_UxBxSxD[j] - want) / scale
             reg = jnp.where(d < 1, 0.5 * d * d, d - 0.5).mean(-1)
             total = total + 0.8 ** j * reg_weight * jnp.sum(jnp.where(m, reg, 0)) / (
                 jnp.maximum(jnp.sum(m), 1))

@@ -59,11 +59,11 @@ class HybridSpec(DraftSpec):
         return out
 
     def draft_tree(self, params, state, inp: DraftInput, key, sampling, tree: Tree) -> Draft:
-        rest, rest_N, branch_L = branch(tree)
+        rest, rest_N, branch_A = branch(tree)
         head = self.head.propose(params, state, inp, key, sampling, rest)
-        ngram = self.ngram.draft_chain({}, (), inp, key, sampling, len(branch_L))
+        ngram = self.ngram.draft_chain({}, (), inp, key, sampling, len(branch_A))
         q_head, q_ngram = head.q, ngram.q
-        order = np.argsort(np.concatenate([rest_N, branch_L]))  # back to feed order
+        order = np.argsort(np.concatenate([rest_N, branch_A]))  # back to feed order
         draft_BxN = jnp.concatenate([head.tokens_BxN, ngram.tokens_BxN], axis=1)[:, order]
         if q_head is None:
             return Draft(draft_BxN, None, head.state)

@@ -49,8 +49,8 @@ class HydraSpec(HiddenSpec):
 
         def expand(d, nodes, tok_BxP, carry):
             """carry: the feed indices of the nodes expanded last and their states [B, P, D]."""
-            prev, s_BxQxD = carry
-            s_BxPxD = s_BxQxD[:, [list(prev).index(int(tree.parent_N[i])) for i in nodes]]
+            prev, states = carry
+            s_BxPxD = states[:, [list(prev).index(int(tree.parent_N[i])) for i in nodes]]
             h_BxPxD = self.stage(params, d, s_BxPxD, tok_BxP)
             return head_logits(shared, h_BxPxD), (nodes + 1, h_BxPxD)
 

@@ -31,10 +31,10 @@ from jaxspec.errors import UserError
 
 @dataclasses.dataclass(frozen=True)
 class LookaheadSpec(DraftSpec):
-    window: int = 5  # W: guesses per level
-    ngram: int = 4  # N: n-gram length; the window keeps N - 1 levels
-    candidates: int = 5  # G: pooled n-grams verified per step
-    pool: int = 64  # n-grams kept per row, the oldest replaced first
+    window: int = 5  # Y: guesses per level (the window's columns)
+    ngram: int = 4  # n-gram length; the window keeps A = ngram - 1 levels
+    candidates: int = 5  # W: pooled n-grams verified per step (children of the root)
+    pool: int = 64  # E: n-grams kept per row, the oldest replaced first
     drafts_trees = True
     fixed_shape = True
 
@@ -65,53 +65,53 @@ class LookaheadSpec(DraftSpec):
     def _paths(self):
         """The window's columns level by level; candidate g: rank g + 1 under the root, then
         rank-0 steps."""
-        W, L = self.window, self.ngram - 1
-        for i in range(W):
-            for lv in range(L):
+        Y, A = self.window, self.ngram - 1
+        for i in range(Y):
+            for lv in range(A):
                 yield self._window_path(i, lv)
         for g in range(self.candidates):
-            for d in range(L):
+            for d in range(A):
                 yield (g + 1,) + (0,) * d
 
     @functools.cached_property
     def _nodes(self):
-        """Node indices of window[level, column] [L, W] and of candidate g's token d [G, L]."""
+        """Node indices of window[level, column] [A, Y] and of candidate g's token d [W, A]."""
         index = {p: n for n, p in enumerate(self.tree.paths)}
-        W, L, G = self.window, self.ngram - 1, self.candidates
-        win = [[index[self._window_path(i, lv)] for i in range(W)] for lv in range(L)]
-        cand = [[index[(g + 1,) + (0,) * d] for d in range(L)] for g in range(G)]
-        return np.asarray(win, np.int32), np.asarray(cand, np.int32).reshape(G, L)
+        Y, A, W = self.window, self.ngram - 1, self.candidates
+        win = [[index[self._window_path(i, lv)] for i in range(Y)] for lv in range(A)]
+        cand = [[index[(g + 1,) + (0,) * d] for d in range(A)] for g in range(W)]
+        return np.asarray(win, np.int32), np.asarray(cand, np.int32).reshape(W, A)
 
     def init(self, params, inp: DraftInput):
         """Level l, column i starts as the prompt's token l + i + 1 places before its end (any
         guess is exact; Jacobi iteration replaces them); the pool starts empty."""
         tokens_BxT, lengths_B = inp.tokens_BxT, inp.lengths_B
-        B, L, W = tokens_BxT.shape[0], self.ngram - 1, self.window
-        back_LxW = jnp.arange(L)[:, None] + jnp.arange(W)[None, :] + 1
-        slots_BxLxW = jnp.maximum(lengths_B[:, None, None] - back_LxW, 0)
-        window_BxLxW = jnp.take_along_axis(tokens_BxT, slots_BxLxW.reshape(B, -1), axis=1)
-        return dict(window_BxLxW=window_BxLxW.reshape(B, L, W),
-                    pool_BxPxL1=jnp.full((B, self.pool, self.ngram), -1, jnp.int32),
-                    age_BxP=jnp.full((B, self.pool), -1, jnp.int32),
+        B, A, Y = tokens_BxT.shape[0], self.ngram - 1, self.window
+        back_AxY = jnp.arange(A)[:, None] + jnp.arange(Y)[None, :] + 1
+        slots_BxAxY = jnp.maximum(lengths_B[:, None, None] - back_AxY, 0)
+        window_BxAxY = jnp.take_along_axis(tokens_BxT, slots_BxAxY.reshape(B, -1), axis=1)
+        return dict(window_BxAxY=window_BxAxY.reshape(B, A, Y),
+                    pool_BxExA1=jnp.full((B, self.pool, self.ngram), -1, jnp.int32),
+                    age_BxE=jnp.full((B, self.pool), -1, jnp.int32),
                     steps_B=jnp.zeros((B,), jnp.int32))
 
     def draft_tree(self, params, state, inp: DraftInput, key, sampling, tree) -> Draft:
         """The window's guesses, and the newest pooled n-grams that begin with the row's last
         token (a missing one repeats that token); q is one-hot."""
         tokens_BxT, lengths_B = inp.tokens_BxT, inp.lengths_B
-        B, G = tokens_BxT.shape[0], self.candidates
-        win_LxW, cand_GxL = self._nodes
+        B, W = tokens_BxT.shape[0], self.candidates
+        win_AxY, cand_WxA = self._nodes
         last_B = jnp.take_along_axis(tokens_BxT, (lengths_B - 1)[:, None], axis=1)[:, 0]
-        pool_BxPxL1, age_BxP = state["pool_BxPxL1"], state["age_BxP"]
-        match_BxP = (pool_BxPxL1[..., 0] == last_B[:, None]) & (age_BxP >= 0)
-        age_BxG, pick_BxG = jax.lax.top_k(jnp.where(match_BxP, age_BxP, -1), G)
-        grams_BxGxL1 = jnp.take_along_axis(pool_BxPxL1, pick_BxG[..., None], axis=1)
-        grams_BxGxL = jnp.where(age_BxG[..., None] >= 0, grams_BxGxL1[..., 1:],
+        pool_BxExA1, age_BxE = state["pool_BxExA1"], state["age_BxE"]
+        match_BxE = (pool_BxExA1[..., 0] == last_B[:, None]) & (age_BxE >= 0)
+        age_BxW, pick_BxW = jax.lax.top_k(jnp.where(match_BxE, age_BxE, -1), W)
+        grams_BxWxA1 = jnp.take_along_axis(pool_BxExA1, pick_BxW[..., None], axis=1)
+        grams_BxWxA = jnp.where(age_BxW[..., None] >= 0, grams_BxWxA1[..., 1:],
                                 last_B[:, None, None])
         draft_BxN = jnp.zeros((B, tree.size), jnp.int32)
-        draft_BxN = draft_BxN.at[:, win_LxW.reshape(-1)].set(
-            state["window_BxLxW"].reshape(B, -1))
-        draft_BxN = draft_BxN.at[:, cand_GxL.reshape(-1)].set(grams_BxGxL.reshape(B, -1))
+        draft_BxN = draft_BxN.at[:, win_AxY.reshape(-1)].set(
+            state["window_BxAxY"].reshape(B, -1))
+        draft_BxN = draft_BxN.at[:, cand_WxA.reshape(-1)].set(grams_BxWxA.reshape(B, -1))
         q = None if sampling.greedy else DraftProbs(jnp.ones((B, tree.size, 1)),
                                                     draft_BxN[..., None])
         return Draft(draft_BxN, q, state)
@@ -120,29 +120,29 @@ class LookaheadSpec(DraftSpec):
         """One Jacobi iteration from the target's logits at the root and every node: each
         column's next guess is the target's token after its top level; once the levels hold a
         full trajectory, each column's n-gram joins the pool (unless it is there already)."""
-        win_LxW, _ = self._nodes
-        B, L, W = state["window_BxLxW"].shape
-        top_BxWxV = jnp.take(logits_BxN1xV, win_LxW[-1] + 1, axis=1)  # feed index = node + 1
-        next_BxW = argmax(top_BxWxV)
-        window_BxLxW = state["window_BxLxW"]
-        grams_BxWxL1 = jnp.concatenate([jnp.swapaxes(window_BxLxW, 1, 2), next_BxW[..., None]],
+        win_AxY, _ = self._nodes
+        B, A, Y = state["window_BxAxY"].shape
+        top_BxYxV = jnp.take(logits_BxN1xV, win_AxY[-1] + 1, axis=1)  # feed index = node + 1
+        next_BxY = argmax(top_BxYxV)
+        window_BxAxY = state["window_BxAxY"]
+        grams_BxYxA1 = jnp.concatenate([jnp.swapaxes(window_BxAxY, 1, 2), next_BxY[..., None]],
                                       axis=2)
-        pool_BxPxL1, age_BxP, steps_B = state["pool_BxPxL1"], state["age_BxP"], state["steps_B"]
-        full_B = steps_B >= L - 1  # every level was written by an iteration
+        pool_BxExA1, age_BxE, steps_B = state["pool_BxExA1"], state["age_BxE"], state["steps_B"]
+        full_B = steps_B >= A - 1  # every level was written by an iteration
         rows_B = jnp.arange(B)
-        for i in range(W):
-            gram_BxL1 = grams_BxWxL1[:, i]
-            known_B = jnp.any(jnp.all(pool_BxPxL1 == gram_BxL1[:, None], axis=2) & (age_BxP >= 0),
+        for i in range(Y):
+            gram_BxA1 = grams_BxYxA1[:, i]
+            known_B = jnp.any(jnp.all(pool_BxExA1 == gram_BxA1[:, None], axis=2) & (age_BxE >= 0),
                               axis=1)
-            slot_B = jnp.argmin(age_BxP, axis=1)  # empty (-1) or the oldest
+            slot_B = jnp.argmin(age_BxE, axis=1)  # empty (-1) or the oldest
             put_B = full_B & ~known_B
-            stamp_B = steps_B * W + i
-            pool_BxPxL1 = pool_BxPxL1.at[rows_B, slot_B].set(
-                jnp.where(put_B[:, None], gram_BxL1, pool_BxPxL1[rows_B, slot_B]))
-            age_BxP = age_BxP.at[rows_B, slot_B].set(
-                jnp.where(put_B, stamp_B, age_BxP[rows_B, slot_B]))
-        window_BxLxW = jnp.concatenate([window_BxLxW[:, 1:], next_BxW[:, None]], axis=1)
-        return dict(window_BxLxW=window_BxLxW, pool_BxPxL1=pool_BxPxL1, age_BxP=age_BxP,
+            stamp_B = steps_B * Y + i
+            pool_BxExA1 = pool_BxExA1.at[rows_B, slot_B].set(
+                jnp.where(put_B[:, None], gram_BxA1, pool_BxExA1[rows_B, slot_B]))
+            age_BxE = age_BxE.at[rows_B, slot_B].set(
+                jnp.where(put_B, stamp_B, age_BxE[rows_B, slot_B]))
+        window_BxAxY = jnp.concatenate([window_BxAxY[:, 1:], next_BxY[:, None]], axis=1)
+        return dict(window_BxAxY=window_BxAxY, pool_BxExA1=pool_BxExA1, age_BxE=age_BxE,
                     steps_B=steps_B + 1)
 
 

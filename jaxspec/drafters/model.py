@@ -95,26 +95,26 @@ class ModelSpec(DraftSpec):
             return (nxt_B, cache), (nxt_B, q_nxt_BxK)
 
         # R = gamma - 1: the drafts after the first.
-        (_, cache), (rest_RxB, rest_q_RxBxK) = jax.lax.scan(
+        (_, cache), (rest_UxB, rest_q_UxBxK) = jax.lax.scan(
             step, (tok_B, cache), (jnp.arange(gamma - 1), keys[1:]))
-        draft_BxG = jnp.concatenate([tok_B[:, None], rest_RxB.T], axis=1)
+        draft_BxG = jnp.concatenate([tok_B[:, None], rest_UxB.T], axis=1)
         if q_BxK is None:
             return Draft(draft_BxG, None, cache)
-        q_BxGxK = jnp.concatenate([q_BxK[:, None], jnp.swapaxes(rest_q_RxBxK, 0, 1)], axis=1)
+        q_BxGxK = jnp.concatenate([q_BxK[:, None], jnp.swapaxes(rest_q_UxBxK, 0, 1)], axis=1)
         ids_BxGxK = (jnp.broadcast_to(params["vocab_ids"], q_BxGxK.shape) if self.subset_vocab
                      else None)
         return Draft(draft_BxG, DraftProbs(q_BxGxK, ids_BxGxK), cache)
 
     def draft_tree(self, params, cache, inp: DraftInput, key, sampling, tree) -> Draft:
-        """Top-k per node (`trees.grow`): refeed the last D + 1 tokens (after a tree step up to
+        """Top-k per node (`trees.grow`): refeed the last A + 1 tokens (after a tree step up to
         that many may be missing from the cache, whose accepted nodes sit in scratch slots),
         then one call per depth over its nodes that have children, in scratch slots past
         length - 1 with tree attention, as the target verifies them."""
-        D, vocab_size = tree.max_depth, inp.vocab_size
+        A, vocab_size = tree.max_depth, inp.vocab_size
         base_B = inp.lengths_B - 1
-        pos_BxW = jnp.maximum(base_B[:, None] - D + jnp.arange(D + 1), 0)
-        toks_BxW = jnp.take_along_axis(inp.tokens_BxT, pos_BxW, axis=1)
-        logits_BxWxK, cache = forward(params["model"], self.config, toks_BxW, pos_BxW, cache,
+        pos_BxS = jnp.maximum(base_B[:, None] - A + jnp.arange(A + 1), 0)
+        toks_BxS = jnp.take_along_axis(inp.tokens_BxT, pos_BxS, axis=1)
+        logits_BxSxK, cache = forward(params["model"], self.config, toks_BxS, pos_BxS, cache,
                                       self.layers)
 
         def expand(d, nodes, tok_BxP, cache):
@@ -125,7 +125,7 @@ class ModelSpec(DraftSpec):
             return self._vocab_logits(logits_BxPxK, vocab_size), cache
 
         return Draft(*grow(tree, key, sampling,
-                           self._vocab_logits(logits_BxWxK[:, -1], vocab_size), expand, cache,
+                           self._vocab_logits(logits_BxSxK[:, -1], vocab_size), expand, cache,
                            params["vocab_ids"] if self.subset_vocab else None))
 
 

@@ -71,47 +71,47 @@ class NgramSpec(DraftSpec):
         max_ngram down to 1, the longest first, then the most recent); missing ones repeat the
         node's own token. The drafts are deterministic, so q is one-hot."""
         tokens_BxT, lengths_B = inp.tokens_BxT, inp.lengths_B
-        B, M = tokens_BxT.shape[0], self.max_ngram
-        pos_BxM = lengths_B[:, None] - M + jnp.arange(M)
-        tails = {0: jnp.take_along_axis(tokens_BxT, jnp.maximum(pos_BxM, 0), axis=1)}
+        B, L = tokens_BxT.shape[0], self.max_ngram
+        pos_BxL = lengths_B[:, None] - L + jnp.arange(L)
+        tails = {0: jnp.take_along_axis(tokens_BxT, jnp.maximum(pos_BxL, 0), axis=1)}
         draft = [None] * tree.size
         for i in range(tree.size):  # parents come first
             f, d = int(tree.parent_N[i]), int(tree.depth_N1[i + 1])
             if f not in tails:
-                tail_BxM = tails[int(tree.parent_N[f - 1])]
-                tails[f] = jnp.concatenate([tail_BxM[:, 1:], draft[f - 1][:, None]], axis=1)
+                tail_BxL = tails[int(tree.parent_N[f - 1])]
+                tails[f] = jnp.concatenate([tail_BxL[:, 1:], draft[f - 1][:, None]], axis=1)
             kids = tree.children_N1xW[f]
             if i == kids[0]:  # the first child: find candidates for all of them
-                cands_BxR = self._candidates(tokens_BxT, lengths_B, tails[f], lengths_B + d - 1,
+                cands_BxW = self._candidates(tokens_BxT, lengths_B, tails[f], lengths_B + d - 1,
                                              int(tree.rank_N[kids[kids >= 0]].max()) + 1)
-            draft[i] = cands_BxR[:, tree.rank_N[i]]
+            draft[i] = cands_BxW[:, tree.rank_N[i]]
         draft_BxN = jnp.stack(draft, axis=1)
         q = None if sampling.greedy else DraftProbs(jnp.ones((B, tree.size, 1)),
                                                     draft_BxN[..., None])
         return Draft(draft_BxN, q, state)
 
-    def _candidates(self, tokens_BxT, lengths_B, tail_BxM, context_B, R: int):
-        """Up to R distinct next tokens [B, R] after the context ending in `tail_BxM` (its last
+    def _candidates(self, tokens_BxT, lengths_B, tail_BxL, context_B, W: int):
+        """Up to W distinct next tokens [B, W] after the context ending in `tail_BxL` (its last
         max_ngram tokens; the context has `context_B` tokens), by match length then recency."""
         B, T = tokens_BxT.shape
-        M, C = self.max_ngram, min(T, R + 2)  # C latest matches per n cover R distinct tokens
+        L, X = self.max_ngram, min(T, W + 2)  # X latest matches per n cover W distinct tokens
         j_T, rows_B = jnp.arange(T), jnp.arange(B)
         cands, ok = [], []
-        for n in range(M, 0, -1):
+        for n in range(L, 0, -1):
             match_BxT = (j_T < lengths_B[:, None] - n) & (context_B[:, None] >= n)
             for k in range(n):
-                match_BxT &= jnp.roll(tokens_BxT, -k, axis=1) == tail_BxM[:, M - n + k, None]
-            latest_BxC = jax.lax.top_k(jnp.where(match_BxT, j_T, -1), C)[0]
-            cands.append(jnp.take_along_axis(tokens_BxT, jnp.maximum(latest_BxC + n, 0), axis=1))
-            ok.append(latest_BxC >= 0)
-        cands_BxK, ok_BxK = jnp.concatenate(cands, axis=1), jnp.concatenate(ok, axis=1)
-        out_BxR, count_B = jnp.full((B, R), -1), jnp.zeros((B,), jnp.int32)
-        for c in range(cands_BxK.shape[1]):
-            tok_B = cands_BxK[:, c]
-            new_B = ok_BxK[:, c] & ~jnp.any(out_BxR == tok_B[:, None], axis=1) & (count_B < R)
-            out_BxR = out_BxR.at[rows_B, jnp.where(new_B, count_B, R)].set(tok_B, mode="drop")
+                match_BxT &= jnp.roll(tokens_BxT, -k, axis=1) == tail_BxL[:, L - n + k, None]
+            latest_BxX = jax.lax.top_k(jnp.where(match_BxT, j_T, -1), X)[0]
+            cands.append(jnp.take_along_axis(tokens_BxT, jnp.maximum(latest_BxX + n, 0), axis=1))
+            ok.append(latest_BxX >= 0)
+        cands_BxX, ok_BxX = jnp.concatenate(cands, axis=1), jnp.concatenate(ok, axis=1)
+        out_BxW, count_B = jnp.full((B, W), -1), jnp.zeros((B,), jnp.int32)
+        for c in range(cands_BxX.shape[1]):
+            tok_B = cands_BxX[:, c]
+            new_B = ok_BxX[:, c] & ~jnp.any(out_BxW == tok_B[:, None], axis=1) & (count_B < W)
+            out_BxW = out_BxW.at[rows_B, jnp.where(new_B, count_B, W)].set(tok_B, mode="drop")
             count_B += new_B
-        return jnp.where(out_BxR < 0, tail_BxM[:, -1:], out_BxR)
+        return jnp.where(out_BxW < 0, tail_BxL[:, -1:], out_BxW)
 
 
 def ngram_drafter(max_ngram: int = 3) -> Drafter:

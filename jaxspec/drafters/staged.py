@@ -37,18 +37,18 @@ class StagedSpec(DraftSpec):
     def init(self, params, inp: DraftInput):
         return self.first.init(params["first"], inp)
 
-    def _dist(self, params, logits_BxWxK, sampling, vocab_size):
-        """Greedy: the drafter's token at each position [B, W]; sampling: q [B, W, K]."""
-        logits = self.first._vocab_logits(logits_BxWxK, vocab_size)
+    def _dist(self, params, logits_BxSxK, sampling, vocab_size):
+        """Greedy: the drafter's token at each position [B, S]; sampling: q [B, S, K]."""
+        logits = self.first._vocab_logits(logits_BxSxK, vocab_size)
         if sampling.greedy:
-            idx_BxW = argmax(logits)
-            return params["vocab_ids"][idx_BxW] if self.first.subset_vocab else idx_BxW
+            idx_BxS = argmax(logits)
+            return params["vocab_ids"][idx_BxS] if self.first.subset_vocab else idx_BxS
         return probs(logits, sampling)
 
     def draft_chain(self, params, cache, inp: DraftInput, key, sampling, gamma: int) -> Draft:
         tokens_BxT, lengths_B, vocab_size = inp.tokens_BxT, inp.lengths_B, inp.vocab_size
         B, T = tokens_BxT.shape
-        k, W = self.k, self.k + 2
+        k, S = self.k, self.k + 2
         rows_B = jnp.arange(B)
         fp = params["first"]
         ids_K = fp["vocab_ids"] if self.first.subset_vocab else None
@@ -57,43 +57,43 @@ class StagedSpec(DraftSpec):
             text_BxT, n_B, draft_BxG, q, cache, key = carry
             key, k_prop, k_keep, k_draw = jax.random.split(key, 4)
             c_B = lengths_B + n_B  # the text so far: prompt, accepted tokens, drafts
-            prop_BxK = self.second.draft_chain(params["second"], (), inp.replace(
+            prop_BxX = self.second.draft_chain(params["second"], (), inp.replace(
                 tokens_BxT=text_BxT, lengths_B=c_B), k_prop, sampling, k).tokens_BxN
             # Refeed the last two tokens (the drafter's own last token was never fed), then
             # the proposals; positions past the cache are not written and their logits unused.
-            pos_BxW = c_B[:, None] - 2 + jnp.arange(W)
-            prev_Bx2 = text_BxT[rows_B[:, None], jnp.maximum(pos_BxW[:, :2], 0)]
-            toks_BxW = jnp.concatenate([prev_Bx2, prop_BxK], axis=1)
-            logits_BxWxK, cache = forward(fp["model"], self.first.config, toks_BxW,
-                                          jnp.maximum(pos_BxW, 0), cache, self.first.layers)
-            dist = self._dist(fp, logits_BxWxK[:, 1:], sampling, vocab_size)  # [B, k + 1, ...]
+            pos_BxS = c_B[:, None] - 2 + jnp.arange(S)
+            prev_Bx2 = text_BxT[rows_B[:, None], jnp.maximum(pos_BxS[:, :2], 0)]
+            toks_BxS = jnp.concatenate([prev_Bx2, prop_BxX], axis=1)
+            logits_BxSxK, cache = forward(fp["model"], self.first.config, toks_BxS,
+                                          jnp.maximum(pos_BxS, 0), cache, self.first.layers)
+            dist = self._dist(fp, logits_BxSxK[:, 1:], sampling, vocab_size)  # [B, k + 1, ...]
             if sampling.greedy:
-                own_BxJ = dist  # J = k + 1: the drafter's token after each proposal prefix
-                kept_BxK = own_BxJ[:, :k] == prop_BxK
-                out_BxJ, q_BxJxK = own_BxJ, None
+                own_BxX1 = dist  # X1 = k + 1: the drafter's token after each proposal prefix
+                kept_BxX = own_BxX1[:, :k] == prop_BxX
+                out_BxX1, q_BxX1xK = own_BxX1, None
             else:
-                q_BxJxK = dist
-                q_BxKxK = q_BxJxK[:, :k]
-                q_prop_BxK = DraftProbs(q_BxKxK, None if ids_K is None else
-                                        jnp.broadcast_to(ids_K, q_BxKxK.shape)).of(prop_BxK)
-                kept_BxK = jax.random.uniform(k_keep, (B, k)) < q_prop_BxK
-                off_BxJxK = jnp.concatenate(  # q without the proposal, for refused positions
-                    [_without(q_BxJxK[:, :k], prop_BxK, ids_K), q_BxJxK[:, k:]], axis=1)
-                idx_BxJ = sample(k_draw, off_BxJxK)
-                own_BxJ = ids_K[idx_BxJ] if ids_K is not None else idx_BxJ
-                prop_BxJ = jnp.pad(prop_BxK, ((0, 0), (0, 1)))
-                kept_BxJ = jnp.pad(kept_BxK, ((0, 0), (0, 1)))
-                out_BxJ = jnp.where(kept_BxJ, prop_BxJ, own_BxJ)
-            m_B = jnp.argmin(jnp.pad(kept_BxK, ((0, 0), (0, 1))), axis=1)  # proposals kept
+                q_BxX1xK = dist
+                q_BxXxK = q_BxX1xK[:, :k]
+                q_prop_BxX = DraftProbs(q_BxXxK, None if ids_K is None else
+                                        jnp.broadcast_to(ids_K, q_BxXxK.shape)).of(prop_BxX)
+                kept_BxX = jax.random.uniform(k_keep, (B, k)) < q_prop_BxX
+                off_BxX1xK = jnp.concatenate(  # q without the proposal, for refused positions
+                    [_without(q_BxX1xK[:, :k], prop_BxX, ids_K), q_BxX1xK[:, k:]], axis=1)
+                idx_BxX1 = sample(k_draw, off_BxX1xK)
+                own_BxX1 = ids_K[idx_BxX1] if ids_K is not None else idx_BxX1
+                prop_BxX1 = jnp.pad(prop_BxX, ((0, 0), (0, 1)))
+                kept_BxX1 = jnp.pad(kept_BxX, ((0, 0), (0, 1)))
+                out_BxX1 = jnp.where(kept_BxX1, prop_BxX1, own_BxX1)
+            m_B = jnp.argmin(jnp.pad(kept_BxX, ((0, 0), (0, 1))), axis=1)  # proposals kept
             gain_B = jnp.minimum(m_B + 1, gamma - n_B)
-            j_BxJ = jnp.arange(k + 1)[None, :]
-            live_BxJ = j_BxJ < gain_B[:, None]
-            at_BxJ = jnp.where(live_BxJ, n_B[:, None] + j_BxJ, gamma)  # gamma: dropped
-            draft_BxG = draft_BxG.at[rows_B[:, None], at_BxJ].set(out_BxJ, mode="drop")
-            text_BxT = text_BxT.at[rows_B[:, None], jnp.where(live_BxJ, c_B[:, None] + j_BxJ, T)
-                                   ].set(out_BxJ, mode="drop")
+            j_BxX1 = jnp.arange(k + 1)[None, :]
+            live_BxX1 = j_BxX1 < gain_B[:, None]
+            at_BxX1 = jnp.where(live_BxX1, n_B[:, None] + j_BxX1, gamma)  # gamma: dropped
+            draft_BxG = draft_BxG.at[rows_B[:, None], at_BxX1].set(out_BxX1, mode="drop")
+            text_BxT = text_BxT.at[rows_B[:, None], jnp.where(live_BxX1, c_B[:, None] + j_BxX1, T)
+                                   ].set(out_BxX1, mode="drop")
             if q is not None:
-                q = q.at[rows_B[:, None], at_BxJ].set(q_BxJxK, mode="drop")
+                q = q.at[rows_B[:, None], at_BxX1].set(q_BxX1xK, mode="drop")
             return text_BxT, n_B + gain_B, draft_BxG, q, cache, key
 
         K = ids_K.shape[0] if ids_K is not None else vocab_size
@@ -108,13 +108,13 @@ class StagedSpec(DraftSpec):
         return Draft(draft_BxG, DraftProbs(q, ids), cache)
 
 
-def _without(q_BxJxK, tok_BxJ, ids_K):
+def _without(q_BxX1xK, tok_BxX1, ids_K):
     """q with each token's mass removed (unnormalised: `sample` takes any mass)."""
     if ids_K is None:
-        hit = jnp.arange(q_BxJxK.shape[-1]) == tok_BxJ[..., None]
+        hit = jnp.arange(q_BxX1xK.shape[-1]) == tok_BxX1[..., None]
     else:
-        hit = ids_K == tok_BxJ[..., None]
-    return jnp.where(hit, 0.0, q_BxJxK)
+        hit = ids_K == tok_BxX1[..., None]
+    return jnp.where(hit, 0.0, q_BxX1xK)
 
 
 def staged_drafter(drafter: Drafter, second: Drafter | None = None, k: int = 3) -> Drafter:

@@ -46,11 +46,11 @@ def linear(x_BxSxD, w_FxD):
                                     preferred_element_type=jnp.float32)
         return y_RxF.reshape(B, S, -1)
     rows = MIN_ROWS if w_FxD.dtype == jnp.bfloat16 else 1
-    x_PxD = jnp.pad(x_RxD, ((0, max(0, rows - B * S)), (0, 0)))
-    y_FxP = jax.lax.dot_general(w_FxD, x_PxD, (((1,), (1,)), ((), ())),
+    padded_RxD = jnp.pad(x_RxD, ((0, max(0, rows - B * S)), (0, 0)))
+    y_FxR = jax.lax.dot_general(w_FxD, padded_RxD, (((1,), (1,)), ((), ())),
                                 preferred_element_type=jnp.float32)
-    y_PxF = jax.lax.optimization_barrier(y_FxP).T
-    return y_PxF[:B * S].reshape(B, S, -1)
+    y_RxF = jax.lax.optimization_barrier(y_FxR).T
+    return y_RxF[:B * S].reshape(B, S, -1)
 
 
 def embed(table_VxD, tokens):
@@ -122,20 +122,20 @@ def rope_angles(positions_BxS, inv_freq_H2):
     return jnp.cos(angles), jnp.sin(angles)
 
 
-def apply_rope(x_BxSxNxH, cos_BxSxH2, sin_BxSxH2):
+def apply_rope(x_BxSxQxH, cos_BxSxH2, sin_BxSxH2):
     """Rotary embedding in the half-split (rotate_half) layout used by Hugging Face."""
-    x = x_BxSxNxH.astype(jnp.float32)
+    x = x_BxSxQxH.astype(jnp.float32)
     x1, x2 = jnp.split(x, 2, axis=-1)
     cos, sin = cos_BxSxH2[:, :, None, :], sin_BxSxH2[:, :, None, :]
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x_BxSxNxH.dtype)
+    return out.astype(x_BxSxQxH.dtype)
 
 
-def write_cache(cache_BxTxKxH, new_BxSxKxH, positions_BxS):
+def write_cache(cache_BxTxJxH, new_BxSxJxH, positions_BxS):
     """Write each token's key/value at its position's slot; positions past the cache are dropped."""
-    rows_Bx1 = jnp.arange(cache_BxTxKxH.shape[0])[:, None]
-    return cache_BxTxKxH.at[rows_Bx1, positions_BxS].set(
-        stored(new_BxSxKxH, cache_BxTxKxH.dtype), mode="drop")
+    rows_Bx1 = jnp.arange(cache_BxTxJxH.shape[0])[:, None]
+    return cache_BxTxJxH.at[rows_Bx1, positions_BxS].set(
+        stored(new_BxSxJxH, cache_BxTxJxH.dtype), mode="drop")
 
 
 def tree_view(T: int, base_B, depth_M, visible_SxM, ordered: bool = True):
@@ -162,16 +162,16 @@ def tree_view(T: int, base_B, depth_M, visible_SxM, ordered: bool = True):
     if not ordered:
         return kv_pos_BxT, seen_BxSxT | ~inside_BxT[:, None], None
     # The node query s sees at each depth d ([B, S, depth, node]); T (no slot) for none.
-    at_BxSxDxM = visible_BxSxM[:, :, None, :] & (depth_BxM[:, None, None, :]
+    at_BxSxAxM = visible_BxSxM[:, :, None, :] & (depth_BxM[:, None, None, :]
                                                  == jnp.arange(M)[:, None])
-    slot_BxSxD = jnp.where(jnp.any(at_BxSxDxM, axis=-1),
-                           base_B[:, None, None] + jnp.argmax(at_BxSxDxM, axis=-1), T)
+    slot_BxSxA = jnp.where(jnp.any(at_BxSxAxM, axis=-1),
+                           base_B[:, None, None] + jnp.argmax(at_BxSxAxM, axis=-1), T)
     order_BxSxT = jnp.where(inside_BxT[:, None], jnp.take_along_axis(
-        slot_BxSxD, jnp.broadcast_to(at_BxT[:, None], (B, S, T)), axis=2), t_T)
+        slot_BxSxA, jnp.broadcast_to(at_BxT[:, None], (B, S, T)), axis=2), t_T)
     return kv_pos_BxT, seen_BxSxT | ~inside_BxT[:, None], order_BxSxT
 
 
-def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, window, view=None):
+def attention(q_BxSxQxH, k_BxTxJxH, v_BxTxJxH, positions_BxS, scale: float, window, view=None):
     """Grouped-query attention of the new queries over the cache, masked by position:
     [batch, seq, heads * head_dim].
 
@@ -183,19 +183,19 @@ def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, wind
     by where each term sits, and in the tree's own slot order a query would round unlike the
     one-position step at its position.
     """
-    B, S, N, H = q_BxSxNxH.shape
-    K = k_BxTxKxH.shape[2]
-    k_BxTxKxH, v_BxTxKxH = values(k_BxTxKxH), values(v_BxTxKxH)
-    q = q_BxSxNxH.reshape(B, S, K, N // K, H)
+    B, S, Q, H = q_BxSxQxH.shape
+    J = k_BxTxJxH.shape[2]
+    k_BxTxJxH, v_BxTxJxH = values(k_BxTxJxH), values(v_BxTxJxH)
+    q = q_BxSxQxH.reshape(B, S, J, Q // J, H)  # Q per group: query heads of one J
     per_query = jax.default_backend() == "cpu" and S <= PER_QUERY_SCORES
     if per_query:
-        scores = jnp.stack([jnp.einsum("BKGH,BTKH->BKGT", q[:, s], k_BxTxKxH,
+        scores = jnp.stack([jnp.einsum("BJQH,BTJH->BJQT", q[:, s], k_BxTxJxH,
                                        preferred_element_type=jnp.float32) for s in range(S)],
                            axis=3) * scale
     else:
-        scores = jnp.einsum("BSKGH,BTKH->BKGST", q, k_BxTxKxH,
+        scores = jnp.einsum("BSJQH,BTJH->BJQST", q, k_BxTxJxH,
                             preferred_element_type=jnp.float32) * scale
-    T = k_BxTxKxH.shape[1]
+    T = k_BxTxJxH.shape[1]
     kv_pos_1x1xT = jnp.arange(T)[None, None, :]
     ordered = view is not None and per_query and view[2] is not None
     if ordered:  # slot t of each query's order holds position t
@@ -212,18 +212,18 @@ def attention(q_BxSxNxH, k_BxTxKxH, v_BxTxKxH, positions_BxS, scale: float, wind
         mask_BxSxT &= kv_pos_1x1xT > positions_BxS[:, :, None] - window
     scores = jnp.where(mask_BxSxT[:, None, None], scores, _MASKED)
     exp = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
-    probs = (exp / ordered_sum(exp)[..., None]).astype(v_BxTxKxH.dtype)
+    probs = (exp / ordered_sum(exp)[..., None]).astype(v_BxTxJxH.dtype)
     if ordered:
         rows_Bx1 = jnp.arange(B)[:, None]
         out = jnp.concatenate([jnp.einsum(
-            "BKGST,BTKH->BSKGH", probs[:, :, :, s:s + 1],
-            v_BxTxKxH[rows_Bx1, jnp.minimum(order_BxSxT[:, s], T - 1)]) for s in range(S)],
+            "BJQST,BTJH->BSJQH", probs[:, :, :, s:s + 1],
+            v_BxTxJxH[rows_Bx1, jnp.minimum(order_BxSxT[:, s], T - 1)]) for s in range(S)],
             axis=1)
     else:
-        out = jnp.einsum("BKGST,BTKH->BSKGH", probs, v_BxTxKxH)
+        out = jnp.einsum("BJQST,BTJH->BSJQH", probs, v_BxTxJxH)
     # Without the barrier XLA:CPU moves this small transpose onto the output projection's
     # weight and copies [heads, head_dim, embed] every call (a third of a decode step).
-    return jax.lax.optimization_barrier(out.reshape(B, S, N * H))
+    return jax.lax.optimization_barrier(out.reshape(B, S, Q * H))
 
 
 def gated_mlp(x_BxSxD, w_gate_FxD, w_up_FxD, w_down_DxF, activation):

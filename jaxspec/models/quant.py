@@ -107,10 +107,10 @@ def linear_int8(x_RxD, w: Int8, min_rows: int):
         y_2RxF = jax.lax.dot_general(xq_2RxD, w.q, (((1,), (1,)), ((), ())),
                                      preferred_element_type=jnp.int32)
     else:  # a single row runs a slow loop, as in bfloat16: padded
-        xq_PxD = jnp.pad(xq_2RxD, ((0, max(0, min_rows - 2 * R)), (0, 0)))
-        y_FxP = jax.lax.dot_general(w.q, xq_PxD, (((1,), (1,)), ((), ())),
+        padded_RxD = jnp.pad(xq_2RxD, ((0, max(0, min_rows - 2 * R)), (0, 0)))
+        y_Fx2R = jax.lax.dot_general(w.q, padded_RxD, (((1,), (1,)), ((), ())),
                                     preferred_element_type=jnp.int32)
-        y_2RxF = jax.lax.optimization_barrier(y_FxP).T[:2 * R]
+        y_2RxF = jax.lax.optimization_barrier(y_Fx2R).T[:2 * R]
     y_2RxF = y_2RxF.astype(jnp.float32)
     return (y_2RxF[:R] + y_2RxF[R:] / 254.0) * a_R[:, None] * w.scale[None, :]
 

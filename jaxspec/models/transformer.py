@@ -52,15 +52,16 @@ def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig
 
 def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCache,
             layers: tuple[int, ...] | None = None, features: bool = False, slots_BxS=None,
-            tree=None, keep_L=None):
+            tree=None, keep_layers=None):
     """Logits [batch, seq, vocab] (float32) and the updated cache; with `features`, also the last
     layer's output before the final norm [batch, seq, hidden] (what hidden-state drafters read).
 
     `layers` (static) runs only those layers, in order, for self-speculative drafting; the cache
     then holds one entry per listed layer. Positions at or past the cache length are not written.
     Tokens go to the slots of their positions, or to `slots_BxS`; `tree` = (base_B, depth_M,
-    visible_SxM) says the cache holds a token tree (`layers.tree_view`). `keep_L` (bool [layers],
-    data) passes a skipped layer's input through: one compiled function for every skip set.
+    visible_SxM) says the cache holds a token tree (`layers.tree_view`). `keep_layers` (bool, one
+    per layer; data) passes a skipped layer's input through: one compiled function for every
+    skip set.
     """
     layer_ids = tuple(range(config.num_layers)) if layers is None else tuple(layers)
     if cache.num_layers != len(layer_ids):
@@ -83,7 +84,7 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
         window = config.sliding_window if config.sliding_layers[i] else None
         y, k, v = _layer(x, params["layers"][i], cache.keys[c], cache.values[c], positions_BxS,
                          rope, window, config, slots_BxS, view)
-        x = y if keep_L is None else jnp.where(keep_L[i], y, x)
+        x = y if keep_layers is None else jnp.where(keep_layers[i], y, x)
         keys.append(k)
         values.append(v)
     logits = head(params, config, x)

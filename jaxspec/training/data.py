@@ -272,7 +272,7 @@ def pack(examples: Sequence[Example], seq_len: int, pad_id: int) -> tuple[np.nda
     shifted targets), padded with `pad_id` and mask 0. An example longer than a row is cut into
     row-sized chunks whose first tokens are not loss targets (their context is gone).
 
-    Returns tokens_NxL, mask_NxL (int32) with L = seq_len + 1.
+    Returns tokens_RxL, mask_RxL (int32) with L = seq_len + 1.
     """
     L = seq_len + 1
     rows, masks, row, mask = [], [], [], []
@@ -289,41 +289,41 @@ def pack(examples: Sequence[Example], seq_len: int, pad_id: int) -> tuple[np.nda
             row, mask = row + chunk, mask + chunk_mask
     if row:
         rows.append(row), masks.append(mask)
-    tokens_NxL = np.full((len(rows), L), pad_id, np.int32)
-    mask_NxL = np.zeros((len(rows), L), np.int32)
+    tokens_RxL = np.full((len(rows), L), pad_id, np.int32)
+    mask_RxL = np.zeros((len(rows), L), np.int32)
     for i, (r, m) in enumerate(zip(rows, masks)):
-        tokens_NxL[i, :len(r)] = r
-        mask_NxL[i, :len(m)] = m
-    return tokens_NxL, mask_NxL
+        tokens_RxL[i, :len(r)] = r
+        mask_RxL[i, :len(m)] = m
+    return tokens_RxL, mask_RxL
 
 
 class Batches:
     """Batches of packed rows, reshuffled every epoch from (seed, epoch); the position
     {"epoch", "index"} is saved with a checkpoint so a resumed run sees the same batches."""
 
-    def __init__(self, tokens_NxL: np.ndarray, mask_NxL: np.ndarray, batch_size: int,
+    def __init__(self, tokens_RxL: np.ndarray, mask_RxL: np.ndarray, batch_size: int,
                  seed: int = 0, **extra: np.ndarray):
-        if len(tokens_NxL) < batch_size:
-            raise UserError(f"{len(tokens_NxL)} packed rows are fewer than one batch of "
+        if len(tokens_RxL) < batch_size:
+            raise UserError(f"{len(tokens_RxL)} packed rows are fewer than one batch of "
                             f"{batch_size}; add data or lower the batch size")
         for k, v in extra.items():
-            if len(v) != len(tokens_NxL):
-                raise ValueError(f"{k} has {len(v)} rows, tokens {len(tokens_NxL)}")
-        self.tokens_NxL, self.mask_NxL, self.extra = tokens_NxL, mask_NxL, extra
+            if len(v) != len(tokens_RxL):
+                raise ValueError(f"{k} has {len(v)} rows, tokens {len(tokens_RxL)}")
+        self.tokens_RxL, self.mask_RxL, self.extra = tokens_RxL, mask_RxL, extra
         self.batch_size, self.seed = batch_size, seed
         self.epoch, self.index = 0, 0
 
     def _order(self) -> np.ndarray:
-        return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.tokens_NxL))
+        return np.random.default_rng([self.seed, self.epoch]).permutation(len(self.tokens_RxL))
 
     def next(self) -> dict[str, np.ndarray]:
         """{"tokens": [batch, L], "mask": [batch, L], and each extra array's rows}; the last
         partial batch of an epoch is dropped."""
-        if self.index + self.batch_size > len(self.tokens_NxL):
+        if self.index + self.batch_size > len(self.tokens_RxL):
             self.epoch, self.index = self.epoch + 1, 0
         rows = self._order()[self.index:self.index + self.batch_size]
         self.index += self.batch_size
-        return {"tokens": self.tokens_NxL[rows], "mask": self.mask_NxL[rows],
+        return {"tokens": self.tokens_RxL[rows], "mask": self.mask_RxL[rows],
                 **{k: v[rows] for k, v in self.extra.items()}}
 
     @property

@@ -35,7 +35,7 @@ _BLOCK = 256  # rows per features file
 def example_rows(examples: Sequence[Example], seq_len: int, pad_id: int):
     """One example per row of seq_len + 1 tokens (features must not see another example):
     longer examples keep their last seq_len + 1 tokens (the response), shorter are padded with
-    mask 0. Returns tokens_NxL, mask_NxL (int32)."""
+    mask 0. Returns tokens_RxL, mask_RxL (int32)."""
     L = seq_len + 1
     tokens = np.full((len(examples), L), pad_id, np.int32)
     mask = np.zeros((len(examples), L), np.int32)
@@ -45,25 +45,25 @@ def example_rows(examples: Sequence[Example], seq_len: int, pad_id: int):
     return tokens, mask
 
 
-def row_lengths(mask_NxL: np.ndarray) -> np.ndarray:
+def row_lengths(mask_RxL: np.ndarray) -> np.ndarray:
     """Tokens each row needs: through its last loss target."""
-    L = mask_NxL.shape[1]
-    return np.where(mask_NxL.any(1), L - np.argmax(mask_NxL[:, ::-1] > 0, axis=1), 1)
+    L = mask_RxL.shape[1]
+    return np.where(mask_RxL.any(1), L - np.argmax(mask_RxL[:, ::-1] > 0, axis=1), 1)
 
 
-def target_features(target, tokens_NxL: np.ndarray, cache_dir: str | Path,
-                    lengths_N: np.ndarray | None = None, batch_size: int = 16,
+def target_features(target, tokens_RxL: np.ndarray, cache_dir: str | Path,
+                    lengths_R: np.ndarray | None = None, batch_size: int = 16,
                     bucket: int = 32, labels: bool = False):
     """The target's last-layer hidden states [N, L, D] (bfloat16) over each row, cached in
     `<cache_dir>/<hash of the rows>/` (shared by every head trained on the same rows), computed
     block by block when missing. Rows are run shortest first in batches cut to a multiple of
-    `bucket` past their longest `lengths_N` (features past a row's length are zero), so the cost
+    `bucket` past their longest `lengths_R` (features past a row's length are zero), so the cost
     follows the real tokens, with at most L / bucket compiled shapes. With `labels`, returns
     (features, labels [N, L] int32): the target's greedy next token after each position, from
     the same forward (training labels at prefill speed, no generation)."""
-    N, L = tokens_NxL.shape
-    lengths_N = np.full(N, L) if lengths_N is None else np.asarray(lengths_N)
-    digest = hashlib.sha256(tokens_NxL.tobytes() + lengths_N.tobytes()).hexdigest()[:16]
+    N, L = tokens_RxL.shape
+    lengths_R = np.full(N, L) if lengths_R is None else np.asarray(lengths_R)
+    digest = hashlib.sha256(tokens_RxL.tobytes() + lengths_R.tobytes()).hexdigest()[:16]
     directory = Path(cache_dir) / digest
     directory.mkdir(parents=True, exist_ok=True)
     manifest = {"rows": int(N), "length": int(L), "tokens": digest, "target": target.name,
@@ -81,7 +81,7 @@ def target_features(target, tokens_NxL: np.ndarray, cache_dir: str | Path,
         path = directory / f"features-{b // _BLOCK:05d}.npy"
         lpath = directory / f"labels-{b // _BLOCK:05d}.npy"
         if not path.exists() or (labels and not lpath.exists()):
-            rows, lens = tokens_NxL[b:b + _BLOCK], lengths_N[b:b + _BLOCK]
+            rows, lens = tokens_RxL[b:b + _BLOCK], lengths_R[b:b + _BLOCK]
             feats = np.zeros((len(rows), L, c.hidden_size), ml_dtypes.bfloat16)
             ids = np.zeros((len(rows), L), np.int32)
             order = np.argsort(lens, kind="stable")
@@ -151,7 +151,7 @@ def head_loss(spec: HiddenSpec, to_head_V: np.ndarray, reg_weight: float = 1.0,
     return loss
 
 
-def agreement(spec: HiddenSpec, params, features_NxLxD, tokens_NxL, mask_NxL, steps: int,
+def agreement(spec: HiddenSpec, params, features_RxLxD, tokens_RxL, mask_RxL, steps: int,
               batch_size: int = 32) -> tuple[np.ndarray, np.ndarray]:
     """Teacher-forced top-1 agreement of a hidden-state drafter (`params` as `hidden_drafter`
     builds them) by draft position over the masked tokens of rows: (hits [steps],
@@ -163,12 +163,12 @@ def agreement(spec: HiddenSpec, params, features_NxLxD, tokens_NxL, mask_NxL, st
         return [params["vocab_ids"][jnp.argmax(lg, -1)]
                 for lg in spec.forced_logits(params, f.astype(jnp.float32), t, steps)]
 
-    N, L = tokens_NxL.shape
+    N, L = tokens_RxL.shape
     hits, counts = np.zeros(steps, np.int64), np.zeros(steps, np.int64)
     for i in range(0, N, batch_size):
-        t, m = tokens_NxL[i:i + batch_size], mask_NxL[i:i + batch_size] > 0
+        t, m = tokens_RxL[i:i + batch_size], mask_RxL[i:i + batch_size] > 0
         pad = ((0, batch_size - len(t)),)
-        drafts = top1(np.pad(features_NxLxD[i:i + batch_size], pad + ((0, 0), (0, 0))),
+        drafts = top1(np.pad(features_RxLxD[i:i + batch_size], pad + ((0, 0), (0, 0))),
                       np.pad(t, pad + ((0, 0),)))
         for j, d in enumerate(drafts):
             S = L - 2 - j  # draft j + 1 at p is for token p + j + 2

@@ -284,8 +284,8 @@ def train(s: TrainSettings, config: ModelConfig, init_params, batches: Batches,
 
     if batches.batch_size != s.batch_size:
         raise ValueError(f"batches hold {batches.batch_size} rows, settings ask {s.batch_size}")
-    if batches.tokens_NxL.shape[1] != s.seq_len + 1:
-        raise ValueError(f"packed rows have {batches.tokens_NxL.shape[1]} tokens, expected "
+    if batches.tokens_RxL.shape[1] != s.seq_len + 1:
+        raise ValueError(f"packed rows have {batches.tokens_RxL.shape[1]} tokens, expected "
                          f"seq_len + 1 = {s.seq_len + 1}")
     if loss is not None and s.loss != "ce":
         raise ValueError(f"settings ask loss {s.loss!r}, but a given `loss` replaces the drafter "
@@ -307,7 +307,7 @@ def train(s: TrainSettings, config: ModelConfig, init_params, batches: Batches,
     elif frozen is not None:
         teacher_sh = jax.tree.map(lambda _: shd.replicated(mesh), frozen)
         teacher_params = _place(frozen, teacher_sh)
-    arrays = {"tokens": batches.tokens_NxL, "mask": batches.mask_NxL, **batches.extra}
+    arrays = {"tokens": batches.tokens_RxL, "mask": batches.mask_RxL, **batches.extra}
     batch_sh = {k: shd.batch_sharding(mesh, ndim=v.ndim + 1, leading=1)
                 for k, v in arrays.items()}
     for k, v in arrays.items():

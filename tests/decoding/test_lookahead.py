@@ -23,16 +23,16 @@ def test_the_window_is_a_tree_of_trajectories():
     """Level l of column i sits at depth i + l + 1 and sees level 0 up to its column and its own
     column below it; each candidate is a chain of N - 1 under the root."""
     s = LookaheadSpec(window=3, ngram=3, candidates=2)
-    t, (win_LxW, cand_GxL) = s.tree, s._nodes
+    t, (win_AxY, cand_WxA) = s.tree, s._nodes
     assert t.size == (3 + 2) * 2
     for lv in range(2):
         for i in range(3):
-            k = win_LxW[lv, i] + 1
+            k = win_AxY[lv, i] + 1
             assert t.depth_N1[k] == i + lv + 1
             seen = {int(j) - 1 for j in np.flatnonzero(t.ancestors_N1xN1[k]) if j}
-            assert seen == {int(win_LxW[0, c]) for c in range(i + 1)} | {
-                int(win_LxW[m, i]) for m in range(lv + 1)}
-    assert [list(t.depth_N1[cand_GxL[g] + 1]) for g in range(2)] == [[1, 2], [1, 2]]
+            assert seen == {int(win_AxY[0, c]) for c in range(i + 1)} | {
+                int(win_AxY[m, i]) for m in range(lv + 1)}
+    assert [list(t.depth_N1[cand_WxA[g] + 1]) for g in range(2)] == [[1, 2], [1, 2]]
 
 
 def test_one_jacobi_iteration_pools_each_column_once():
@@ -42,22 +42,22 @@ def test_one_jacobi_iteration_pools_each_column_once():
     V = 10
     inp = DraftInput(jnp.asarray([[4, 5, 6, 7]]), jnp.asarray([4]), jnp.zeros((1, 4, 0)), V)
     state = s.init({}, inp)
-    assert state["window_BxLxW"].tolist() == [[[7, 6], [6, 5]]]
-    win_LxW, _ = s._nodes
+    assert state["window_BxAxY"].tolist() == [[[7, 6], [6, 5]]]
+    win_AxY, _ = s._nodes
     logits = jnp.zeros((1, s.tree.size + 1, V))
-    logits = logits.at[0, win_LxW[1, 0] + 1, 8].set(1.0).at[0, win_LxW[1, 1] + 1, 9].set(1.0)
+    logits = logits.at[0, win_AxY[1, 0] + 1, 8].set(1.0).at[0, win_AxY[1, 1] + 1, 9].set(1.0)
     state = {**state, "steps_B": jnp.asarray([1])}
     new = s.observe({}, state, logits)
-    assert new["window_BxLxW"].tolist() == [[[6, 5], [8, 9]]]
-    pooled = {tuple(g) for g, a in zip(new["pool_BxPxL1"][0].tolist(), new["age_BxP"][0])
+    assert new["window_BxAxY"].tolist() == [[[6, 5], [8, 9]]]
+    pooled = {tuple(g) for g, a in zip(new["pool_BxExA1"][0].tolist(), new["age_BxE"][0])
               if a >= 0}
     assert pooled == {(7, 6, 8), (6, 5, 9)}
-    again = s.observe({}, {**state, "pool_BxPxL1": new["pool_BxPxL1"], "age_BxP": new["age_BxP"]},
+    again = s.observe({}, {**state, "pool_BxExA1": new["pool_BxExA1"], "age_BxE": new["age_BxE"]},
                       logits)
-    assert int((again["age_BxP"][0] >= 0).sum()) == 2  # known n-grams are not pooled twice
+    assert int((again["age_BxE"][0] >= 0).sum()) == 2  # known n-grams are not pooled twice
     draft = s.propose({}, new, inp, None, Sampling(), s.tree).tokens_BxN
-    _, cand_GxL = s._nodes
-    assert draft[0, cand_GxL[0]].tolist() == [6, 8]  # the pooled n-gram after the last token, 7
+    _, cand_WxA = s._nodes
+    assert draft[0, cand_WxA[0]].tolist() == [6, 8]  # the pooled n-gram after the last token, 7
 
 
 @pytest.fixture(scope="module")

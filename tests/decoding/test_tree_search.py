@@ -29,7 +29,7 @@ def measured(target, near_model):
 
 def test_a_perfect_drafter_matches_at_rank_0_at_every_depth(target):
     acc = tree_search.acceptance(target, target, PROMPTS, W, D, max_new_tokens=NEW)
-    assert acc.p_DxW.tolist() == [[1.0, 0.0]] * D and (acc.tried_D > 0).all()
+    assert acc.p_AxW.tolist() == [[1.0, 0.0]] * D and (acc.tried_A > 0).all()
     assert all(set(row[:-1]) <= {D + 1} for row in acc.gains)
 
 
@@ -50,25 +50,25 @@ def test_counts_equal_the_ranks_of_the_drafters_own_forward(target, near_model, 
         text_BxL[b, :len(row)] = row
     logits_BxLxV = forward_logits(near_model.params, near_model.config, jnp.asarray(text_BxL))
     top_BxLxW = np.argsort(-np.asarray(logits_BxLxV), axis=-1)[..., :W]
-    hits_DxW, tried_D, gains = np.zeros((D, W), int), np.zeros(D, int), []
+    hits_AxW, tried_A, gains = np.zeros((D, W), int), np.zeros(D, int), []
     for p, row, top_LxW in zip(PROMPTS, rows, top_BxLxW):
         t, end, steps = len(p), len(row), []
         while t < end:
             n = 0
             for d in range(min(D, end - t)):
-                tried_D[d] += 1
+                tried_A[d] += 1
                 rank = np.flatnonzero(top_LxW[t - 1 + d] == row[t + d])
                 if not len(rank):
                     break
-                hits_DxW[d, rank[0]] += 1
+                hits_AxW[d, rank[0]] += 1
                 n += 1
             steps.append(min(n + 1, end - t))
             t += steps[-1]
         gains.append(steps)
     assert measured.gains == gains
-    assert measured.hits_DxW.tolist() == hits_DxW.tolist()
-    assert measured.tried_D.tolist() == tried_D.tolist()
-    assert hits_DxW[:, 1].sum() > 0 and tried_D[-1] > 0  # rank 1 and the last depth are read
+    assert measured.hits_AxW.tolist() == hits_AxW.tolist()
+    assert measured.tried_A.tolist() == tried_A.tolist()
+    assert hits_AxW[:, 1].sum() > 0 and tried_A[-1] > 0  # rank 1 and the last depth are read
     assert "depth  steps  rank 0  rank 1" in measured.describe()
 
 
