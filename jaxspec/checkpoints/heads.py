@@ -26,7 +26,7 @@ from jaxspec.models.params import layer_from_in_major
 MARKER = "head.json"
 FORMAT = 2  # 1: matrices stored [in, out], read and turned to [out, in]
 _TARGET_FIELDS = ("arch", "hidden_size", "vocab_size", "num_heads", "num_kv_heads", "head_dim",
-                  "intermediate_size")
+                  "intermediate_size", "num_layers")
 
 
 def is_head(path: str | os.PathLike) -> bool:

@@ -68,12 +68,12 @@ def _bytes(x, spec, mesh) -> int:
 
 
 def _drafter_params(drafter, mesh) -> int:
-    """A drafter's own params per device: nothing for the target with layers skipped (it shares
-    the target's), each leaf's shard where it is split, the whole leaf elsewhere."""
-    if drafter is None or drafter.spec.shares_target_params:
+    """A drafter's own params per device (`own_params`: none of the target's), each leaf's shard
+    where it is split, the whole leaf elsewhere."""
+    if drafter is None:
         return 0
     total = 0
-    for x in jax.tree.leaves(drafter.params):
+    for x in jax.tree.leaves(drafter.spec.own_params(drafter.params)):
         sh = getattr(x, "sharding", None)
         spec = sh.spec if isinstance(sh, jax.sharding.NamedSharding) else ()
         total += _bytes(x, spec, mesh)

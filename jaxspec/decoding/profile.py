@@ -83,7 +83,7 @@ def drafter_ms(drafter, config, gamma: int = 1, cache_len: int = 256,
     tokens = jnp.ones((1, cache_len), jnp.int32)
     lengths = jnp.array([cache_len // 2], jnp.int32)
     feats = jnp.zeros((1, cache_len, config.hidden_size if reads_features(drafter) else 0))
-    inp = DraftInput(tokens, lengths, feats, config.vocab_size)
+    inp = DraftInput(tokens, lengths, feats, config.vocab_size, init_cache(config, 1, cache_len))
     state = jax.jit(spec.init)(drafter.params, inp)
     propose = jax.jit(lambda p, s, i, k: spec.propose(p, s, i, k, Sampling(),
                                                       chain(gamma)).tokens_BxN)

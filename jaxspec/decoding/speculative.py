@@ -79,7 +79,8 @@ class DecodeState:
 
     def draft_input(self, vocab_size: int) -> DraftInput:
         """What the drafter reads this step."""
-        return DraftInput(self.tokens_BxT, self.lengths_B, self.features_BxTxD, vocab_size)
+        return DraftInput(self.tokens_BxT, self.lengths_B, self.features_BxTxD, vocab_size,
+                          self.target_cache)
 
 
 @flax.struct.dataclass
@@ -109,6 +110,11 @@ def reads_features(drafter) -> bool:
     return drafter is not None and drafter.spec.reads_features
 
 
+def feature_layer(drafter) -> int | None:
+    """The layer whose input the drafter reads as features (None: the last layer's output)."""
+    return None if drafter is None else drafter.spec.feature_layer
+
+
 def cache_dtype(target_params):
     """The KV cache's precision: the weights' (bfloat16 weights keep bfloat16 keys and values,
     half the bytes; and float32 attention products over a float32 cache round differently for
@@ -131,10 +137,11 @@ def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_leng
         cache = jax.tree.map(lambda a: jnp.broadcast_to(a, (B, *a.shape[1:])), shared[0])
         first = shared[1]
     filled = fill_cache(target_params, config, tokens_BxT, prompt_lengths_B, cache,
-                        features=reads_features(drafter), first=first)
+                        features=reads_features(drafter), first=first,
+                        feature_layer=feature_layer(drafter))
     cache, feats_BxTxD = filled if reads_features(drafter) else (filled, jnp.zeros((B, T, 0)))
-    dstate = (drafter.spec.init(drafter.params, DraftInput(tokens_BxT, prompt_lengths_B,
-                                                           feats_BxTxD, config.vocab_size))
+    dstate = (drafter.spec.init(drafter.params, DraftInput(
+        tokens_BxT, prompt_lengths_B, feats_BxTxD, config.vocab_size, cache))
               if drafter is not None else ())
     prior_2xG = jnp.zeros((2, 0)) if prior_2xG is None else prior_2xG
     counts = lambda i: jnp.broadcast_to(prior_2xG[i], (B, prior_2xG.shape[1])).astype(jnp.float32)
@@ -147,11 +154,11 @@ def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_leng
 
 
 def verify(target_params, config, state: DecodeState, draft_BxN,
-           tree: Tree | RowTree | None = None):
+           tree: Tree | RowTree | None = None, feature_layer: int | None = None):
     """Target logits [B, N+1, V] for the last token and the N draft nodes of `tree` (default: a
     chain; a `RowTree`: one per row), in one call with tree attention, nodes in scratch slots
-    length - 1 + feed index; the updated cache; and the hidden states [B, N+1, D] (D = 0 when
-    the state keeps none)."""
+    length - 1 + feed index; the updated cache; and the hidden states [B, N+1, D] (the last
+    layer's output, or `feature_layer`'s input; D = 0 when the state keeps none)."""
     B, N = draft_BxN.shape
     tree = chain(N) if tree is None else tree
     base_B = state.lengths_B - 1
@@ -161,7 +168,7 @@ def verify(target_params, config, state: DecodeState, draft_BxN,
     logits_BxN1xV, cache, x_BxN1xD = forward(
         target_params, config, feed_BxN1, base_B[:, None] + tree.depth_N1, state.target_cache,
         features=True, slots_BxS=base_B[:, None] + jnp.arange(N + 1),
-        tree=None if chain_ else tree.region(base_B))
+        tree=None if chain_ else tree.region(base_B), feature_layer=feature_layer)
     return logits_BxN1xV, cache, x_BxN1xD[..., :state.features_BxTxD.shape[-1]]
 
 
@@ -382,7 +389,8 @@ def decode_loop(target_params, drafter, state: DecodeState, settings: Settings, 
             draft = Draft(jnp.zeros((B, 0), jnp.int32), None, state.drafter_state)
         draft_BxG, q, dstate, rows = draft.tokens_BxN, draft.q, draft.state, draft.rows
         logits_BxG1xV, cache, feats_BxG1xD = verify(target_params, config, state, draft_BxG,
-                                                    t if rows is None else rows)
+                                                    t if rows is None else rows,
+                                                    feature_layer(drafter))
         if g:
             dstate = drafter.spec.observe(drafter.params, dstate, logits_BxG1xV)
         n_B, emitted_BxA1, path_BxA1 = accept(k_accept, logits_BxG1xV, draft_BxG, q, sampling,

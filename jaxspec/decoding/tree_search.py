@@ -73,14 +73,17 @@ _prefill = jax.jit(speculative.prefill, static_argnums=1)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "tree"))
-def _draft_rows(drafter, dstate, feats_BxTxD, tokens_BxT, prompt_R, lengths_R, *, config, tree):
-    """The drafter's `tree` [R, N] at lengths_R of prompts prompt_R, from per-prompt states over
-    the whole text (tokens past a row's length are padding, as in a decode)."""
+def _draft_rows(drafter, dstate, feats_BxTxD, tokens_BxT, cache, prompt_R, lengths_R, *, config,
+                tree):
+    """The drafter's `tree` [R, N] at lengths_R of prompts prompt_R, from per-prompt states and
+    target caches over the whole text (tokens past a row's length are padding, as in a decode;
+    a drafter sees the cache only up to its position)."""
     T = tokens_BxT.shape[1]
     tokens_RxT = jnp.where(jnp.arange(T) < lengths_R[:, None], tokens_BxT[prompt_R],
                            config.pad_token_id)
     dstate_R = jax.tree.map(lambda x: x[prompt_R], dstate)
-    inp = DraftInput(tokens_RxT, lengths_R, feats_BxTxD[prompt_R], config.vocab_size)
+    inp = DraftInput(tokens_RxT, lengths_R, feats_BxTxD[prompt_R], config.vocab_size,
+                     jax.tree.map(lambda x: x[prompt_R], cache))
     return drafter.spec.propose(drafter.params, dstate_R, inp, jax.random.key(0), Sampling(),
                                 tree).tokens_BxN
 
@@ -114,7 +117,7 @@ def _drafts(target, drafter, tree: Tree, tokens_BxT, end_B, prompt_R, lengths_R)
     fixed = lambda x: jnp.asarray(np.concatenate([x, np.full(pad, x[0])]), jnp.int32)  # noqa
     prompt_R, lengths_R = fixed(prompt_R), fixed(lengths_R)
     return np.concatenate([np.asarray(_draft_rows(
-        drafter, state.drafter_state, state.features_BxTxD, state.tokens_BxT,
+        drafter, state.drafter_state, state.features_BxTxD, state.tokens_BxT, state.target_cache,
         prompt_R[i:i + _ROWS], lengths_R[i:i + _ROWS], config=c, tree=tree))
         for i in range(0, R + pad, _ROWS)])[:R]
 

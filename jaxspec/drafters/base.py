@@ -7,8 +7,8 @@ with). Every spec is a `DraftSpec`:
     init(params, inp) -> state                        # prefill; a pytree
     propose(params, state, inp, key, sampling, shape) -> Draft
 
-`inp` is a `DraftInput` (each row's text so far and, for a drafter that reads them, the target's
-features), `shape` a `trees.Tree` (a chain is one) or a `trees.DynamicTree`, and a `Draft` holds
+`inp` is a `DraftInput` (each row's text so far, the target's cache and, for a drafter that
+reads them, the target's features), `shape` a `trees.Tree` (a chain is one) or a `trees.DynamicTree`, and a `Draft` holds
 the drafted tokens in the shape's node order, q (what each was drawn from; None when greedy), the
 drafter's next state, and for a dynamic tree the tree each row drafted. `propose` hands a chain to
 `draft_chain`, which every spec implements, a static tree to `draft_tree` (`drafts_trees`) and a
@@ -16,8 +16,9 @@ dynamic one to `draft_dynamic` (`drafts_dynamic_trees`, EAGLE-2). The other abil
 with their defaults, so the loop asks, never probes: which rows have a draft worth verifying
 (`has_draft`; gamma "auto" gives the others a plain step), a shape of its own (`fixed_shape`,
 `extend`: hybrid.py, lookahead.py), what it learns from the target's verification (`observe`:
-lookahead.py), whether it reads the target's features (`reads_features`), which drafters cost
-alike (`cost_key`), and the shape it was tuned for (`tuned_gamma`, `tuned_tree`).
+lookahead.py), whether it reads the target's features (`reads_features`, `feature_layer`),
+which drafters cost alike (`cost_key`), the params it holds beyond the target's (`own_params`),
+and the shape it was tuned for (`tuned_gamma`, `tuned_tree`).
 
 A drafter's cache must hold positions [0, length - 2) on entry; on exit it may hold more, since
 the caller rolls back by lowering lengths. The verifier never looks inside the drafter.
@@ -39,12 +40,15 @@ from jaxspec.errors import UserError
 class DraftInput:
     """What a drafter reads at a step: each row's text so far in the first `lengths_B` slots of
     `tokens_BxT`; for a spec that `reads_features`, the target's hidden states of positions
-    [0, length - 1) in `features_BxTxD` (the others get [B, T, 0]); the target's vocabulary."""
+    [0, length - 1) in `features_BxTxD` (the others get [B, T, 0]); the target's vocabulary;
+    the target's KV cache, which holds positions [0, length - 1) (speculative streams attend
+    to it; a drafter never changes it)."""
 
     tokens_BxT: jax.Array
     lengths_B: jax.Array
     features_BxTxD: jax.Array
     vocab_size: int = flax.struct.field(pytree_node=False)
+    target_cache: Any = None
 
 
 @flax.struct.dataclass
@@ -81,13 +85,13 @@ class DraftSpec:
     ability with its default."""
 
     reads_features = False  # gets the target's hidden states
+    feature_layer = None  # reads them at this layer's input (None: the last layer's output)
     drafts_trees = False  # implements draft_tree
     drafts_dynamic_trees = False  # implements draft_dynamic (EAGLE-2)
     fixed_shape = False  # `extend` gives the tree it drafts; gamma "auto" is refused
     cost_key = None  # drafters with one key share measured step costs (default: their name)
     tuned_gamma = None  # the draft length it was tuned for
     tuned_tree = None  # the token tree it was tuned for (choices)
-    shares_target_params = False  # its params are the target's (layer skip): no memory of its own
 
     def validate(self, params, target) -> None:
         raise NotImplementedError
@@ -117,6 +121,10 @@ class DraftSpec:
 
     def draft_dynamic(self, params, state, inp: DraftInput, dtree: DynamicTree) -> Draft:
         raise NotImplementedError
+
+    def own_params(self, params):
+        """Its params that are not the target's (what memory planning counts): all of them."""
+        return params
 
     def has_draft(self, params, state, inp: DraftInput):
         """Which rows have a draft worth verifying: all of them."""

@@ -218,7 +218,8 @@ class EagleSpec(HiddenSpec):
         total, count = 0.0, 0
         for j in range(unroll):  # step j drafts token p + j + 2 from a guess of f_{p+j+1}
             tok_BxS, m_BxS = shifted(want_BxL, 2 + j, S), shifted(mask_BxL, 2 + j, S)
-            c, n = self.cross_entropy(params, h_UxBxSxD[j], tok_BxS, m_BxS, to_head_V, 0.8 ** j)
+            c, n = self.cross_entropy(head_logits(params["shared"], h_UxBxSxD[j]), tok_BxS, m_BxS,
+                                      to_head_V, 0.8 ** j)
             total = total + c
             count = count + n if j == 0 else count
             m = shifted(mask_BxL, 1 + j, S)

@@ -48,6 +48,15 @@ def head_logits(shared, h_xD):
     return L.linear(x_BxSxD, shared["head_KxD"]).reshape(*lead, -1)
 
 
+def shared_params(target_params, vocab_ids) -> dict:
+    """The target's arrays a head reads: embedding, final norm and the head rows at vocab_ids."""
+    ids = jnp.asarray(vocab_ids, jnp.int32)
+    head = target_params.get("lm_head")
+    head_KxD = (head if head is not None else target_params["embed"])[ids]
+    return {"embed": target_params["embed"], "final_norm": target_params["final_norm"],
+            "head_KxD": head_KxD}
+
+
 def shifted(x_BxL, start: int, S: int):
     """x[:, start:start + S], zero-padded past the end."""
     x = x_BxL[:, start:start + S]
@@ -88,6 +97,19 @@ class HiddenSpec(DraftSpec):
             raise UserError(f"drafter vocab_ids reach {ids.max()}, target vocabulary is "
                             f"{t.vocab_size}")
 
+    @property
+    def options(self) -> dict:
+        """The kind's own settings beyond config and depth (saved with its checkpoint)."""
+        return {}
+
+    def shared(self, target_params, vocab_ids) -> dict:
+        """The target's frozen arrays it reads (`shared_params`), as `params["shared"]`."""
+        return shared_params(target_params, vocab_ids)
+
+    def own_params(self, params):
+        """The trained weights, head rows and ids: `shared`'s other arrays are the target's."""
+        return (params["head"], params["shared"]["head_KxD"], params["vocab_ids"])
+
     def check_depth(self, depth: int, asked: str) -> None:
         """Refuse to draft `depth` deep (`asked` says what asked for it): one head or stage
         drafts each depth."""
@@ -127,13 +149,12 @@ class HiddenSpec(DraftSpec):
                 else jnp.pad(labels_BxL[:, :-1], ((0, 0), (1, 0))))
 
     @staticmethod
-    def cross_entropy(params, h_BxSxD, targets_BxS, mask_BxS, to_head_V, weight):
+    def cross_entropy(logits_BxSxK, targets_BxS, mask_BxS, to_head_V, weight):
         """`weight` x the mean cross-entropy over the head's ids of the masked targets (those
         outside the head skipped), and their count."""
-        logits = head_logits(params["shared"], h_BxSxD)
         t = to_head_V[targets_BxS]
         m = mask_BxS & (t >= 0)
-        logp = jax.nn.log_softmax(logits, axis=-1)
+        logp = jax.nn.log_softmax(logits_BxSxK, axis=-1)
         nll = -jnp.take_along_axis(logp, jnp.maximum(t, 0)[..., None], axis=-1)[..., 0]
         n = jnp.sum(m)
         return weight * jnp.sum(jnp.where(m, nll, 0.0)) / jnp.maximum(n, 1), n

@@ -1,5 +1,5 @@
-"""Hidden-state drafters by kind (medusa.py, hydra.py, eagle.py; what they share: head.py), and
-building one over a target."""
+"""Hidden-state drafters by kind (medusa.py, hydra.py, eagle.py, streams.py; what they share:
+head.py), and building one over a target."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from jaxspec.drafters.eagle import EagleSpec
 from jaxspec.drafters.head import HiddenSpec
 from jaxspec.drafters.hydra import HydraSpec
 from jaxspec.drafters.medusa import MedusaSpec
+from jaxspec.drafters.streams import StreamSpec
 from jaxspec.errors import UserError
 
-SPECS = {s.kind: s for s in (MedusaSpec, HydraSpec, EagleSpec)}
+SPECS = {s.kind: s for s in (MedusaSpec, HydraSpec, EagleSpec, StreamSpec)}
 KINDS = tuple(SPECS)
 
 
@@ -26,9 +27,10 @@ def _spec_class(kind: str) -> type[HiddenSpec]:
 
 
 def hidden_spec(kind: str, config: ModelConfig, depth: int = 4, tuned_gamma: int | None = None,
-                tuned_tree=None) -> HiddenSpec:
-    """The spec of a `kind` drafter for a target with `config` (`HiddenSpec`)."""
-    return _spec_class(kind)(config, depth, tuned_gamma, tuned_tree)
+                tuned_tree=None, options: dict | None = None) -> HiddenSpec:
+    """The spec of a `kind` drafter for a target with `config` (`HiddenSpec`); `options`: the
+    kind's own settings (`HiddenSpec.options`)."""
+    return _spec_class(kind)(config, depth, tuned_gamma, tuned_tree, **(options or {}))
 
 
 def head_params(kind: str, config: ModelConfig, depth: int, key, target_params=None) -> dict:
@@ -36,30 +38,20 @@ def head_params(kind: str, config: ModelConfig, depth: int, key, target_params=N
     return _spec_class(kind).init_head(config, depth, key, target_params)
 
 
-def shared_params(target_params, vocab_ids) -> dict:
-    """The target's arrays a head reads: embedding, final norm and the head rows at vocab_ids."""
-    ids = jnp.asarray(vocab_ids, jnp.int32)
-    head = target_params.get("lm_head")
-    head_KxD = (head if head is not None else target_params["embed"])[ids]
-    return {"embed": target_params["embed"], "final_norm": target_params["final_norm"],
-            "head_KxD": head_KxD}
-
-
 def hidden_drafter(target, kind: str, head, vocab_ids=None, depth: int = 4,
                    tuned_gamma: int | None = None, name: str = "", tuned_tree=None,
-                   tuned_accept=None) -> Drafter:
+                   tuned_accept=None, options: dict | None = None) -> Drafter:
     """A hidden-state drafter of `kind` over `target` (a jaxspec Model) with trained weights
     `head` (from `head_params` or a checkpoint); `vocab_ids` [K] are the token ids its head
     proposes (default: the whole vocabulary)."""
-    cls = _spec_class(kind)
+    tree = None if tuned_tree is None else tuple(tuple(int(r) for r in p) for p in tuned_tree)
+    spec = hidden_spec(kind, target.config, depth, tuned_gamma, tree, options)
     vocab_ids = (np.arange(target.config.vocab_size) if vocab_ids is None
                  else np.asarray(vocab_ids))
     dtype = target.params["embed"].dtype  # weights in the target's precision
     head = jax.tree.map(lambda x: jnp.asarray(x, dtype), head)
-    params = {"shared": shared_params(target.params, vocab_ids), "head": head,
+    params = {"shared": spec.shared(target.params, vocab_ids), "head": head,
               "vocab_ids": jnp.asarray(vocab_ids, jnp.int32)}
-    tree = None if tuned_tree is None else tuple(tuple(int(r) for r in p) for p in tuned_tree)
-    spec = cls(target.config, depth, tuned_gamma, tree)
     spec.validate(params, target)
     return Drafter(params, spec, name or kind,
                    None if tuned_accept is None else tuple(map(float, tuned_accept)))

@@ -49,6 +49,9 @@ class HybridSpec(DraftSpec):
     def init(self, params, inp: DraftInput):
         return self.head.init(params, inp)
 
+    def own_params(self, params):
+        return self.head.own_params(params)
+
     def extend(self, tree: Tree) -> Tree:
         """The tree the target verifies: the head's (a chain too) and the n-gram branch."""
         out = with_branch(tree, self.length)

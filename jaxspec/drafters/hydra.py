@@ -75,8 +75,8 @@ class HydraSpec(HiddenSpec):
         for k in range(self.depth):  # stage k reads token p + 1 + k, drafts p + 2 + k
             S = Lq - 2 - k
             s = self.stage(params, k, s[:, :S], tokens_BxL[:, 1 + k:1 + k + S])
-            c, n = self.cross_entropy(params, s, want_BxL[:, 2 + k:], mask_BxL[:, 2 + k:],
-                                      to_head_V, 0.8 ** k)
+            c, n = self.cross_entropy(head_logits(params["shared"], s), want_BxL[:, 2 + k:],
+                                      mask_BxL[:, 2 + k:], to_head_V, 0.8 ** k)
             total, count = total + c, count + n
         return total, count
 

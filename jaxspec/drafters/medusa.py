@@ -60,9 +60,9 @@ class MedusaSpec(HiddenSpec):
         total, count = 0.0, 0
         for k in range(self.depth):  # f_p -> token p + 2 + k
             S = features_BxLxD.shape[1] - 2 - k
-            c, n = self.cross_entropy(params, self.head(params, k, features_BxLxD[:, :S]),
-                                      want_BxL[:, 2 + k:], mask_BxL[:, 2 + k:], to_head_V,
-                                      0.8 ** k)
+            logits = head_logits(params["shared"], self.head(params, k, features_BxLxD[:, :S]))
+            c, n = self.cross_entropy(logits, want_BxL[:, 2 + k:], mask_BxL[:, 2 + k:],
+                                      to_head_V, 0.8 ** k)
             total, count = total + c, count + n
         return total, count
 

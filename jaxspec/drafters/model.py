@@ -28,9 +28,9 @@ class ModelSpec(DraftSpec):
     subset_vocab: bool = False
     drafts_trees = True
 
-    @property
-    def shares_target_params(self) -> bool:
-        return self.layers is not None
+    def own_params(self, params):
+        """None for the target with layers skipped: its params are the target's."""
+        return {} if self.layers is not None else params
 
     def validate(self, params, target) -> None:
         """Refuse a head whose ids would mean other tokens than the target's."""

@@ -37,6 +37,9 @@ class StagedSpec(DraftSpec):
     def init(self, params, inp: DraftInput):
         return self.first.init(params["first"], inp)
 
+    def own_params(self, params):
+        return self.first.own_params(params["first"])
+
     def _dist(self, params, logits_BxSxK, sampling, vocab_size):
         """Greedy: the drafter's token at each position [B, S]; sampling: q [B, S, K]."""
         logits = self.first._vocab_logits(logits_BxSxK, vocab_size)

@@ -52,34 +52,41 @@ def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig
 
 def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCache,
             layers: tuple[int, ...] | None = None, features: bool = False, slots_BxS=None,
-            tree=None, keep_layers=None):
+            tree=None, keep_layers=None, feature_layer: int | None = None, inputs_BxSxD=None):
     """Logits [batch, seq, vocab] (float32) and the updated cache; with `features`, also the last
-    layer's output before the final norm [batch, seq, hidden] (what hidden-state drafters read).
+    layer's output before the final norm [batch, seq, hidden] (what hidden-state drafters read),
+    or with `feature_layer` (static) the input of that layer (speculative streams).
+    `inputs_BxSxD` enters the first listed layer in place of the tokens' embeddings (the
+    streams run the top layers from a lower layer's states).
 
     `layers` (static) runs only those layers, in order, for self-speculative drafting; the cache
     then holds one entry per listed layer. Positions at or past the cache length are not written.
     Tokens go to the slots of their positions, or to `slots_BxS`; `tree` = (base_B, depth_M,
-    visible_SxM) says the cache holds a token tree (`layers.tree_view`). `keep_layers` (bool, one
+    visible_SxM[, ordered]) says the cache holds a token tree (`layers.tree_view`). `keep_layers` (bool, one
     per layer; data) passes a skipped layer's input through: one compiled function for every
     skip set.
     """
     layer_ids = tuple(range(config.num_layers)) if layers is None else tuple(layers)
     if cache.num_layers != len(layer_ids):
         raise UserError(f"cache has {cache.num_layers} layers, model runs {len(layer_ids)}")
-    if tokens_BxS.shape[1] > cache.max_len:
-        raise UserError(f"{tokens_BxS.shape[1]} tokens do not fit a cache of {cache.max_len} "
-                         f"slots")
-    embed_VxD = params["embed"]
-    x = L.embed(embed_VxD, tokens_BxS)  # activations are float32 in every precision
-    if archs.get(config.arch).embed_scale:
-        x = x * jnp.asarray(config.hidden_size ** 0.5, x.dtype)
+    if positions_BxS.shape[1] > cache.max_len:
+        raise UserError(f"{positions_BxS.shape[1]} tokens do not fit a cache of "
+                        f"{cache.max_len} slots")
+    if inputs_BxSxD is not None:
+        x = inputs_BxSxD.astype(jnp.float32)
+    else:
+        x = L.embed(params["embed"], tokens_BxS)  # activations are float32 in every precision
+        if archs.get(config.arch).embed_scale:
+            x = x * jnp.asarray(config.hidden_size ** 0.5, x.dtype)
     rope_global = L.rope_angles(positions_BxS, L.rope_inv_freq(
         config.head_dim, config.rope_theta, config.rope_scaling))
     rope_local = L.rope_angles(positions_BxS, L.rope_inv_freq(
         config.head_dim, config.rope_local_theta, None))
     view = None if tree is None else L.tree_view(cache.max_len, *tree)
-    keys, values = [], []
+    keys, values, feats = [], [], None
     for c, i in enumerate(layer_ids):
+        if i == feature_layer:
+            feats = x
         rope = rope_local if config.sliding_layers[i] else rope_global
         window = config.sliding_window if config.sliding_layers[i] else None
         y, k, v = _layer(x, params["layers"][i], cache.keys[c], cache.values[c], positions_BxS,
@@ -89,7 +96,9 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
         values.append(v)
     logits = head(params, config, x)
     cache = KVCache(tuple(keys), tuple(values))
-    return (logits, cache, x) if features else (logits, cache)
+    if not features:
+        return logits, cache
+    return logits, cache, x if feature_layer is None else feats
 
 
 def head(params, config: ModelConfig, x_BxSxD, rows=None):
@@ -102,12 +111,13 @@ def head(params, config: ModelConfig, x_BxSxD, rows=None):
 
 def fill_cache(params, config: ModelConfig, tokens_BxT, n_B, cache: KVCache,
                layers: tuple[int, ...] | None = None, chunk: int = 64, features: bool = False,
-               first=0):
+               first=0, feature_layer: int | None = None):
     """Write the keys/values of each row's tokens `first` .. `n_B` - 1 (the slots before `first`
     already hold theirs), `chunk` positions per forward in a loop whose trip count is data, so
     one compiled function serves every prompt length. Slots past a row's `n_B` get padding, which
     later writes replace before any query reads them. With `features`, returns (cache, features
-    [B, T, hidden]) (see `forward`; positions before `first` get zeros)."""
+    [B, T, hidden]) (see `forward`, also for `feature_layer`; positions before `first` get
+    zeros)."""
     B, T = tokens_BxT.shape
     chunk = min(chunk, cache.max_len)
     tokens_BxT = jnp.pad(tokens_BxT, ((0, 0), (0, chunk)))  # slices never clamp
@@ -119,7 +129,7 @@ def fill_cache(params, config: ModelConfig, tokens_BxT, n_B, cache: KVCache,
         tokens_BxC = jax.lax.dynamic_slice_in_dim(tokens_BxT, start, chunk, axis=1)
         positions_BxC = jnp.broadcast_to(start + jnp.arange(chunk), (B, chunk))
         _, cache, x_BxCxD = forward(params, config, tokens_BxC, positions_BxC, cache, layers,
-                                    features=True)
+                                    features=True, feature_layer=feature_layer)
         if features:
             feats_BxTxD = jax.lax.dynamic_update_slice_in_dim(feats_BxTxD, x_BxCxD, start, 1)
         return cache, feats_BxTxD

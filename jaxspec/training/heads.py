@@ -53,8 +53,9 @@ def row_lengths(mask_RxL: np.ndarray) -> np.ndarray:
 
 def target_features(target, tokens_RxL: np.ndarray, cache_dir: str | Path,
                     lengths_R: np.ndarray | None = None, batch_size: int = 16,
-                    bucket: int = 32, labels: bool = False):
-    """The target's last-layer hidden states [N, L, D] (bfloat16) over each row, cached in
+                    bucket: int = 32, labels: bool = False, feature_layer: int | None = None):
+    """The target's last-layer hidden states [R, L, D] (bfloat16; with `feature_layer`, the
+    input of that layer, as speculative streams read them) over each row, cached in
     `<cache_dir>/<hash of the rows>/` (shared by every head trained on the same rows), computed
     block by block when missing. Rows are run shortest first in batches cut to a multiple of
     `bucket` past their longest `lengths_R` (features past a row's length are zero), so the cost
@@ -63,7 +64,9 @@ def target_features(target, tokens_RxL: np.ndarray, cache_dir: str | Path,
     the same forward (training labels at prefill speed, no generation)."""
     N, L = tokens_RxL.shape
     lengths_R = np.full(N, L) if lengths_R is None else np.asarray(lengths_R)
-    digest = hashlib.sha256(tokens_RxL.tobytes() + lengths_R.tobytes()).hexdigest()[:16]
+    digest = hashlib.sha256(tokens_RxL.tobytes() + lengths_R.tobytes()
+                            + str(feature_layer).encode() * (feature_layer is not None)
+                            ).hexdigest()[:16]
     directory = Path(cache_dir) / digest
     directory.mkdir(parents=True, exist_ok=True)
     manifest = {"rows": int(N), "length": int(L), "tokens": digest, "target": target.name,
@@ -90,7 +93,7 @@ def target_features(target, tokens_RxL: np.ndarray, cache_dir: str | Path,
                 n = min(L, -(-int(lens[idx].max()) // bucket) * bucket)
                 batch = np.concatenate([rows[idx, :n], np.repeat(rows[idx[-1:], :n],
                                                                  batch_size - len(idx), 0)])
-                f, t = _features_fn(c, labels, bucket)(target.params, batch)
+                f, t = _features_fn(c, labels, bucket, feature_layer)(target.params, batch)
                 feats[idx, :n] = np.asarray(f)[:len(idx)]
                 if labels:
                     ids[idx, :n] = np.asarray(t)[:len(idx)]
@@ -106,21 +109,24 @@ def target_features(target, tokens_RxL: np.ndarray, cache_dir: str | Path,
 
 
 @functools.lru_cache(maxsize=8)
-def _features_fn(c, labels: bool, bucket: int):
+def _features_fn(c, labels: bool, bucket: int, feature_layer: int | None):
     """Rows -> (bfloat16 features, the greedy next token after each position or None)."""
     @jax.jit
     def fwd(p, t_BxS):
         B, S = t_BxS.shape
-        x_BxSxD = forward(p, c, t_BxS, jnp.broadcast_to(jnp.arange(S), t_BxS.shape),
-                          init_cache(c, B, S), features=True)[2]
+        pos_BxS = jnp.broadcast_to(jnp.arange(S), t_BxS.shape)
+        run = lambda layer: forward(p, c, t_BxS, pos_BxS, init_cache(c, B, S), features=True,
+                                    feature_layer=layer)[2]
+        x_BxSxD = run(None)  # unused (compiled away) without labels, with a feature layer
+        f_BxSxD = x_BxSxD if feature_layer is None else run(feature_layer)
         if not labels:
-            return x_BxSxD.astype(jnp.bfloat16), None
+            return f_BxSxD.astype(jnp.bfloat16), None
         # The head over `bucket` positions at a time: [B, S, vocab] logits at once are GBs.
         C = -(-S // bucket)
         x_BxCbxD = jnp.pad(x_BxSxD, ((0, 0), (0, C * bucket - S), (0, 0)))
         x_CxBxbxD = x_BxCbxD.reshape(B, C, bucket, -1).swapaxes(0, 1)
         ids_CxBxb = jax.lax.map(lambda x: argmax(output_head(p, c, x)), x_CxBxbxD)
-        return x_BxSxD.astype(jnp.bfloat16), ids_CxBxb.swapaxes(0, 1).reshape(B, -1)[:, :S]
+        return f_BxSxD.astype(jnp.bfloat16), ids_CxBxb.swapaxes(0, 1).reshape(B, -1)[:, :S]
 
     return fwd
 
@@ -134,7 +140,7 @@ def _save(path: Path, array: np.ndarray) -> None:
 def head_loss(spec: HiddenSpec, to_head_V: np.ndarray, reg_weight: float = 1.0,
               bf16: bool = False, unroll: int = 1):
     """`loss(head, shared, batch) -> (loss, targets)` for the trainer: `shared` are the target's
-    frozen arrays (hidden.shared_params), passed where a teacher's params go; with `bf16` the
+    frozen arrays (`spec.shared`), passed where a teacher's params go; with `bf16` the
     head's products run in bfloat16 (its params stay float32); EAGLE trains `unroll` drafts
     deep on its own predictions. A batch with "labels" (`target_features(labels=True)`) is
     trained to draft the target's greedy tokens rather than the text's."""

@@ -63,7 +63,7 @@ def check_config(cfg: dict) -> None:
     unknown("distill", cfg["distill"], ("out_dir", "partial", *DISTILL_KEYS))
     drafter = cfg.get("drafter", {})
     unknown("drafter", drafter, ("init", "num_layers", "config", "head_vocab_size", "kind",
-                                 "depth", "gamma", "reg_weight", "unroll", "generic"))
+                                 "depth", "gamma", "reg_weight", "unroll", "generic", "top"))
     if drafter.get("kind", "model") not in ("model", *hidden.KINDS):
         raise UserError(f"drafter.kind must be 'model' or one of {hidden.KINDS}")
     unknown("drafter.config", drafter.get("config", {}), ModelConfig.__dataclass_fields__)
@@ -288,7 +288,8 @@ def run_train_head(cfg: dict, target, workdir: Path, speculative_fn: Callable | 
     kind, depth, seed = dcfg["kind"], int(dcfg.get("depth", 4)), cfg.get("seed", 0)
     V, pad, chat = target.config.vocab_size, target.config.pad_token_id, _chat(cfg, target)
     eos = target.config.eos_token_ids or (target.tokenizer.eos_token_id,)
-    spec = hidden.hidden_spec(kind, target.config, depth)
+    options = {"top": int(dcfg["top"])} if "top" in dcfg else None  # streams' layers
+    spec = hidden.hidden_spec(kind, target.config, depth, options=options)
     head = jax.device_get(hidden.head_params(kind, target.config, depth, jax.random.key(seed),
                                              target.params))
     if dcfg.get("generic"):
@@ -313,13 +314,14 @@ def run_train_head(cfg: dict, target, workdir: Path, speculative_fn: Callable | 
             vocab_ids = drafter_init.frequent_vocab(
                 [[t for t, m in zip(ids, mask) if m] for ids, mask in examples],
                 int(dcfg["head_vocab_size"]), V, always=eos)
-        shared = hidden.shared_params(target.params, vocab_ids)
+        shared = spec.shared(target.params, vocab_ids)
         ids = jnp.asarray(vocab_ids)
         tokens, mask = heads.example_rows(examples, s.seq_len, pad)
         # Pretraining text is any text: the target's own greedy tokens, from the same forward
         # as its features, are the labels (no generation).
         extra = heads.target_features(target, tokens, features_dir(cfg), heads.row_lengths(mask),
-                                      labels=stage == "pretrain")
+                                      labels=stage == "pretrain",
+                                      feature_layer=spec.feature_layer)
         extra = dict(zip(("features", "labels"), extra if stage == "pretrain" else (extra,)))
         mesh = sharding.make_mesh(*s.mesh)
         head = trainer.host_params(trainer.train(
@@ -334,7 +336,8 @@ def run_train_head(cfg: dict, target, workdir: Path, speculative_fn: Callable | 
                 {"shared": shared, "head": h, "vocab_ids": ids}, spec, kind)))
         path = ckpt_heads.save(workdir / ("drafter-generic" if stage == "pretrain" else "drafter"),
                                kind, head, vocab_ids, target, depth, dcfg.get("gamma"),
-                               extra={"languages": cfg.get("languages"), "stage": stage})
+                               extra={"languages": cfg.get("languages"), "stage": stage,
+                                      "options": spec.options})
     if path is None:
         raise UserError("recipe: train.pretrain and train.finetune both have no steps")
     return path

@@ -22,6 +22,7 @@ import numpy as np
 from jaxspec import sharding
 from jaxspec.config import ModelConfig
 from jaxspec.drafters import hidden
+from jaxspec.drafters.head import shared_params
 from jaxspec.models.model import Model
 from jaxspec.models.params import draw_in_major, param_shapes
 from jaxspec.training import data, heads, trainer
@@ -111,7 +112,7 @@ def run(workdir, kind: str = "eagle", dims=(1, 1, 1), step_sleep: float = 0.0, *
     out = trainer.train(
         s, TINY, head, batches, workdir, mesh=mesh,
         loss=heads.head_loss(spec, trainer.head_index(vocab_ids, TINY.vocab_size)),
-        frozen=hidden.shared_params(target.params, vocab_ids),
+        frozen=shared_params(target.params, vocab_ids),
         param_shardings=jax.tree.map(lambda _: sharding.replicated(mesh), head))
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
     return {"losses": np.asarray([json.loads(ln)["loss"] for ln in lines if '"loss"' in ln]),

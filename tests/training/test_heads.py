@@ -16,7 +16,7 @@ from jaxspec import sharding
 from jaxspec.checkpoints import heads as ckpt_heads
 from jaxspec.config import load_yaml
 from jaxspec.drafters import hidden
-from jaxspec.drafters.head import feature
+from jaxspec.drafters.head import feature, shared_params
 from jaxspec.errors import UserError
 from jaxspec.models.cache import init_cache
 from jaxspec.models.transformer import forward
@@ -28,6 +28,7 @@ CONFIGS = Path(__file__).parents[2] / "configs"
 PROMPT, NEW = 4, 28  # self-distilled rows: a 4-token prompt and 28 greedy tokens
 TRAIN, EVAL = 240, 16  # self-distilled rows to train on, prompts to decode
 DEPTH, HEAD_VOCAB, STEPS = 3, 48, 150
+HEADS = ("medusa", "hydra", "eagle")  # streams: test_streams.py
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def trained(selfgen, tmp_path_factory):
                 Batches(selfgen["tokens"], selfgen["mask"], 8, 0, features=selfgen["feats"]),
                 workdir, mesh=mesh,
                 loss=heads.head_loss(spec, trainer.head_index(ids, V), unroll=DEPTH),
-                frozen=hidden.shared_params(t.params, ids),
+                frozen=shared_params(t.params, ids),
                 param_shardings=jax.tree.map(lambda _: sharding.replicated(mesh), head))
             done[kind] = trainer.host_params(out), workdir
         return done[kind]
@@ -177,7 +178,7 @@ def test_prefill_labels_and_features_are_those_of_step_by_step_decoding(worker, 
 
 # ------------------------------------------------------------------------------- training
 
-@pytest.mark.parametrize("kind", hidden.KINDS)
+@pytest.mark.parametrize("kind", HEADS)
 def test_loss_falls_on_self_distilled_text(kind, trained):
     params, workdir = trained(kind)
     logged = [json.loads(ln) for ln in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -189,14 +190,14 @@ def test_loss_falls_on_self_distilled_text(kind, trained):
     assert np.mean(losses[-10:]) < 0.85 * np.mean(losses[:10]), losses
 
 
-@pytest.mark.parametrize("kind", hidden.KINDS)
+@pytest.mark.parametrize("kind", HEADS)
 def test_the_loss_drafts_the_labels_when_given(kind, selfgen):
     """Labels (the target's greedy token after each position) replace the text's next tokens as
     what each position drafts; on the target's own greedy text they are the same."""
     t = selfgen["target"]
     spec = hidden.hidden_spec(kind, t.config, DEPTH)
     params = {"head": hidden.head_params(kind, t.config, DEPTH, jax.random.key(1), t.params),
-              "shared": hidden.shared_params(t.params, np.arange(t.config.vocab_size))}
+              "shared": shared_params(t.params, np.arange(t.config.vocab_size))}
     tokens = jnp.asarray(selfgen["tokens"][:8])
     feats = jnp.asarray(selfgen["feats"][:8], jnp.float32)
     mask = jnp.asarray(selfgen["mask"][:8], bool)
@@ -361,7 +362,7 @@ def test_a_head_loss_refuses_teacher_losses(tmp_path, worker):
     with pytest.raises(ValueError, match="set loss to 'ce'"):
         trainer.train(worker.settings(loss="kl"), target.config, {}, Batches(tokens, mask, 16),
                       tmp_path, teacher=target, loss=heads.head_loss(spec, np.arange(64)),
-                      frozen=hidden.shared_params(target.params, np.arange(64)))
+                      frozen=shared_params(target.params, np.arange(64)))
 
 
 # ------------------------------------------------------------------------------ recipe
