@@ -8,9 +8,9 @@ with). Every spec is a `DraftSpec`:
     propose(params, state, inp, key, sampling, shape) -> Draft
 
 `inp` is a `DraftInput` (each row's text so far, the target's cache and, for a drafter that
-reads them, the target's features), `shape` a `trees.Tree` (a chain is one) or a `trees.DynamicTree`, and a `Draft` holds
-the drafted tokens in the shape's node order, q (what each was drawn from; None when greedy), the
-drafter's next state, and for a dynamic tree the tree each row drafted. `propose` hands a chain to
+reads them, the target's features), `shape` a `trees.Tree` (a chain is one) or a
+`trees.DynamicTree`, and a `Draft` holds the drafted tokens in the shape's node order, q (what
+each was drawn from; None when greedy), the drafter's next state, and for a dynamic tree the tree each row drafted. `propose` hands a chain to
 `draft_chain`, which every spec implements, a static tree to `draft_tree` (`drafts_trees`) and a
 dynamic one to `draft_dynamic` (`drafts_dynamic_trees`, EAGLE-2). The other abilities are declared
 with their defaults, so the loop asks, never probes: which rows have a draft worth verifying

@@ -62,9 +62,9 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
     `layers` (static) runs only those layers, in order, for self-speculative drafting; the cache
     then holds one entry per listed layer. Positions at or past the cache length are not written.
     Tokens go to the slots of their positions, or to `slots_BxS`; `tree` = (base_B, depth_M,
-    visible_SxM[, ordered]) says the cache holds a token tree (`layers.tree_view`). `keep_layers` (bool, one
-    per layer; data) passes a skipped layer's input through: one compiled function for every
-    skip set.
+    visible_SxM[, ordered]) says the cache holds a token tree (`layers.tree_view`).
+    `keep_layers` (bool, one per layer; data) passes a skipped layer's input through: one
+    compiled function for every skip set.
     """
     layer_ids = tuple(range(config.num_layers)) if layers is None else tuple(layers)
     if cache.num_layers != len(layer_ids):

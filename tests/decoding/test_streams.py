@@ -12,7 +12,7 @@ import pytest
 import jaxspec
 from jaxspec import sharding
 from jaxspec.checkpoints import heads as ckpt_heads
-from jaxspec.decoding import speculative, trees
+from jaxspec.decoding import speculative
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.drafters import hidden
 from jaxspec.drafters.head import head_logits
