@@ -7,18 +7,18 @@ with). Every spec is a `DraftSpec`:
     init(params, inp) -> state                        # prefill; a pytree
     propose(params, state, inp, key, sampling, shape) -> Draft
 
-`inp` is a `DraftInput` (each row's text so far, the target's cache and, for a drafter that
-reads them, the target's features), `shape` a `trees.Tree` (a chain is one) or a
-`trees.DynamicTree`, and a `Draft` holds the drafted tokens in the shape's node order, q (what
-each was drawn from; None when greedy), the drafter's next state, and for a dynamic tree the tree each row drafted. `propose` hands a chain to
-`draft_chain`, which every spec implements, a static tree to `draft_tree` (`drafts_trees`) and a
-dynamic one to `draft_dynamic` (`drafts_dynamic_trees`, EAGLE-2). The other abilities are declared
-with their defaults, so the loop asks, never probes: which rows have a draft worth verifying
-(`has_draft`; gamma "auto" gives the others a plain step), a shape of its own (`fixed_shape`,
-`extend`: hybrid.py, lookahead.py), what it learns from the target's verification (`observe`:
-lookahead.py), whether it reads the target's features (`reads_features`, `feature_layer`),
-which drafters cost alike (`cost_key`), the params it holds beyond the target's (`own_params`),
-and the shape it was tuned for (`tuned_gamma`, `tuned_tree`).
+`inp` is a `DraftInput` (each row's text so far, the target's cache and, for a drafter that reads
+them, the target's features), `shape` a `trees.Tree` (a chain is one) or a `trees.DynamicTree`, and
+a `Draft` holds the drafted tokens in the shape's node order, q (what each was drawn from; None
+when greedy), the drafter's next state, and for a dynamic tree the tree each row drafted. `propose`
+hands a chain to `draft_chain`, which every spec implements, a static tree to `draft_tree`
+(`drafts_trees`) and a dynamic one to `draft_dynamic` (`drafts_dynamic_trees`, EAGLE-2). The other
+abilities are declared with their defaults, so the loop asks, never probes: which rows have a draft
+worth verifying (`has_draft`; gamma "auto" gives the others a plain step), a shape of its own
+(`fixed_shape`, `extend`: hybrid.py, lookahead.py), what it learns from the target's verification
+(`observe`: lookahead.py), whether it reads the target's features (`reads_features`,
+`feature_layer`), which drafters cost alike (`cost_key`), the params it holds beyond the target's
+(`own_params`), and the shape it was tuned for (`tuned_gamma`, `tuned_tree`).
 
 A drafter's cache must hold positions [0, length - 2) on entry; on exit it may hold more, since
 the caller rolls back by lowering lengths. The verifier never looks inside the drafter.
