@@ -167,10 +167,18 @@ class HiddenSpec(DraftSpec):
 
     def loss(self, params, features_BxLxD, tokens_BxL, mask_BxL, to_head_V, reg_weight=1.0,
              unroll: int = 1, labels_BxL=None):
-        """The training objective over teacher-forced features: mean cross-entropy over the
-        head's ids of every draft of a masked token, weighted 0.8^k by depth k (the token
-        drafted is the text's, or with `labels_BxL` the target's). Returns (loss, count)."""
-        raise NotImplementedError
+        """The training objective over teacher-forced features (`forced_logits`, `depth` deep):
+        mean cross-entropy over the head's ids of every draft of a masked token, weighted 0.8^k
+        by depth k (the token drafted is the text's, or with `labels_BxL` the target's).
+        Returns (loss, number of targets)."""
+        want_BxL = self.wanted(tokens_BxL, labels_BxL)
+        total, count = 0.0, 0
+        for k, logits in enumerate(self.forced_logits(params, features_BxLxD, tokens_BxL,
+                                                      self.depth)):
+            c, n = self.cross_entropy(logits, want_BxL[:, 2 + k:], mask_BxL[:, 2 + k:],
+                                      to_head_V, 0.8 ** k)
+            total, count = total + c, count + n
+        return total, count
 
     @classmethod
     def init_head(cls, config: ModelConfig, depth: int, key, target_params=None) -> dict:

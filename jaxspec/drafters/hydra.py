@@ -66,20 +66,6 @@ class HydraSpec(HiddenSpec):
             out.append(head_logits(params["shared"], s))
         return out
 
-    def loss(self, params, features_BxLxD, tokens_BxL, mask_BxL, to_head_V, reg_weight=1.0,
-             unroll: int = 1, labels_BxL=None):
-        want_BxL = self.wanted(tokens_BxL, labels_BxL)
-        Lq = features_BxLxD.shape[1]
-        total, count = 0.0, 0
-        s = feature(params["shared"], self.config, features_BxLxD[:, :Lq - 2])
-        for k in range(self.depth):  # stage k reads token p + 1 + k, drafts p + 2 + k
-            S = Lq - 2 - k
-            s = self.stage(params, k, s[:, :S], tokens_BxL[:, 1 + k:1 + k + S])
-            c, n = self.cross_entropy(head_logits(params["shared"], s), want_BxL[:, 2 + k:],
-                                      mask_BxL[:, 2 + k:], to_head_V, 0.8 ** k)
-            total, count = total + c, count + n
-        return total, count
-
     @classmethod
     def init_head(cls, config: ModelConfig, depth: int, key, target_params=None) -> dict:
         """Drawn [in, out] and turned: a key gives the head it gave before."""

@@ -54,18 +54,6 @@ class MedusaSpec(HiddenSpec):
         return [head_logits(params["shared"], self.head(params, j, features_BxLxD[:, :S - j]))
                 for j in range(steps)]
 
-    def loss(self, params, features_BxLxD, tokens_BxL, mask_BxL, to_head_V, reg_weight=1.0,
-             unroll: int = 1, labels_BxL=None):
-        want_BxL = self.wanted(tokens_BxL, labels_BxL)
-        total, count = 0.0, 0
-        for k in range(self.depth):  # f_p -> token p + 2 + k
-            S = features_BxLxD.shape[1] - 2 - k
-            logits = head_logits(params["shared"], self.head(params, k, features_BxLxD[:, :S]))
-            c, n = self.cross_entropy(logits, want_BxL[:, 2 + k:], mask_BxL[:, 2 + k:],
-                                      to_head_V, 0.8 ** k)
-            total, count = total + c, count + n
-        return total, count
-
     @classmethod
     def init_head(cls, config: ModelConfig, depth: int, key, target_params=None) -> dict:
         """Zero: each head starts as the target's own head on f_p."""

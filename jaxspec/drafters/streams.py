@@ -138,17 +138,6 @@ class StreamSpec(HiddenSpec):
         logits_BxSxnxK = head_logits(params["shared"], h_BxMxD).reshape(B, S, n, -1)
         return [logits_BxSxnxK[:, :S - j, j] for j in range(n)]
 
-    def loss(self, params, features_BxLxD, tokens_BxL, mask_BxL, to_head_V, reg_weight=1.0,
-             unroll: int = 1, labels_BxL=None):
-        want_BxL = self.wanted(tokens_BxL, labels_BxL)
-        total, count = 0.0, 0
-        for j, logits in enumerate(self.forced_logits(params, features_BxLxD, tokens_BxL,
-                                                      self.depth)):
-            c, n = self.cross_entropy(logits, want_BxL[:, 2 + j:], mask_BxL[:, 2 + j:],
-                                      to_head_V, 0.8 ** j)
-            total, count = total + c, count + n
-        return total, count
-
     @classmethod
     def init_head(cls, config: ModelConfig, depth: int, key, target_params=None) -> dict:
         """Small random stream embeddings; zero updates (each stream starts as its position)."""
