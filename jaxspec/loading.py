@@ -75,12 +75,17 @@ SHIPPED: dict[str, dict[str, str]] = {
                     for lang in ("de", "fr", "ja", "ru", "zh")},
 }
 
+# Speculative streams shipped beside the heads (drafters/streams.py), not routed by default:
+# the name is the directory weights/<name>.
+SHIPPED_STREAMS: dict[str, dict[str, str]] = {"gemma3-270m": {"de": "gemma3-270m-deen-streams"}}
+
 # Registered names -> a function returning a local path (GGUF file or checkpoint directory).
 REGISTRY: dict[str, Callable[[], Path]] = {
     "smollm2-135m-instruct": _smollm2_path,
     "gemma3-270m": _gemma3_path,
     **{name: _shipped(name.removesuffix("-drafter"))
        for langs in SHIPPED.values() for name in langs.values()},
+    **{name: _shipped(name) for langs in SHIPPED_STREAMS.values() for name in langs.values()},
 }
 
 

@@ -28,7 +28,8 @@ SENTENCES = {
     "ru": ["Каждое лето мы ездим к бабушке в деревню.", "Этот музей открыт для посетителей до шести вечера."],
     "zh": ["我的朋友下个月要去北京工作。", "这本书讲述了一个小村庄的历史。"],
 }
-NAMES = {lang: name for langs in loading.SHIPPED.values() for lang, name in langs.items()}
+NAMES = {name: lang for shipped in (loading.SHIPPED, loading.SHIPPED_STREAMS)
+         for langs in shipped.values() for lang, name in langs.items()}
 TEMPLATE = "Translate {lang} to English:{sentence}\nEnglish:"
 
 
@@ -37,9 +38,9 @@ def gemma3_bf16(gemma3):
     return replace(gemma3, params=jax.tree.map(lambda p: p.astype(jnp.bfloat16), gemma3.params))
 
 
-@pytest.mark.parametrize("lang", sorted(NAMES))
-def test_shipped_drafter_is_exact_on_its_language(lang, gemma3_bf16):
-    name = NAMES[lang]
+@pytest.mark.parametrize("name", sorted(NAMES))
+def test_shipped_drafter_is_exact_on_its_language(name, gemma3_bf16):
+    lang = NAMES[name]
     path = loading.resolve(name)
     assert sum(f.stat().st_size for f in path.iterdir()) <= MAX_BYTES
     meta = ckpt_heads.read_meta(path)
@@ -60,7 +61,7 @@ def test_the_wheel_carries_every_shipped_drafter(tmp_path):
                     "-q", "-w", str(tmp_path), str(root)], check=True, capture_output=True)
     with zipfile.ZipFile(glob.glob(str(tmp_path / "*.whl"))[0]) as z:
         sizes = {i.filename: i.file_size for i in z.infolist()}
-    for name in NAMES.values():
+    for name in NAMES:
         where = f"jaxspec/weights/{name.removesuffix('-drafter')}/"
         files = {f: n for f, n in sizes.items() if f.startswith(where)}
         assert set(files) == {where + "head.json", where + "weights.npz"}

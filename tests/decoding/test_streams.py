@@ -25,7 +25,8 @@ from jaxspec.training.data import Batches
 
 CONFIGS = pathlib.Path(__file__).parents[2] / "configs"
 DEPTH, TOP, STEPS = 3, 1, 200
-PROMPTS = [[5, 17, 3, 22, 9], [7, 1, 40], [12, 30, 12, 30, 12, 44, 2]]
+PROMPTS = [[5, 17, 3, 22, 9], [7, 1, 40], [12, 30, 12, 30, 12, 44, 2], [60, 8]]
+MAX_NEW = [20, 13, 17, 9]
 
 
 @pytest.fixture(scope="module")
@@ -92,14 +93,15 @@ def test_loss_falls(trained):
     assert np.mean(losses[-10:]) < 0.6 * np.mean(losses[:10]), losses
 
 
+@pytest.mark.parametrize("rows", [1, 4], ids=["batch1", "ragged4"])
 @pytest.mark.parametrize("shape", [dict(gamma=3), dict(gamma=1),
                                    dict(tree=[(0,), (1,), (0, 0), (0, 0, 0)])],
                          ids=["chain3", "chain1", "tree4"])
-def test_output_is_the_targets_and_streams_are_accepted(cycling, trained, shape):
+def test_output_is_the_targets_and_streams_are_accepted(cycling, trained, shape, rows):
     drafter, _ = trained
-    ref = jaxspec.generate(cycling, PROMPTS, max_new_tokens=[20, 13, 17]).token_ids
-    res = jaxspec.speculative_generate(cycling, drafter, PROMPTS, max_new_tokens=[20, 13, 17],
-                                       **shape)
+    ref = jaxspec.generate(cycling, PROMPTS[:rows], max_new_tokens=MAX_NEW[:rows]).token_ids
+    res = jaxspec.speculative_generate(cycling, drafter, PROMPTS[:rows],
+                                       max_new_tokens=MAX_NEW[:rows], **shape)
     assert res.token_ids == ref
     assert res.tau >= (1.6 if shape.get("gamma") != 1 else 1.3), res.tau
 

@@ -22,7 +22,6 @@ import numpy as np
 from jaxspec import sharding
 from jaxspec.config import ModelConfig
 from jaxspec.drafters import hidden
-from jaxspec.drafters.head import shared_params
 from jaxspec.models.model import Model
 from jaxspec.models.params import draw_in_major, param_shapes
 from jaxspec.training import data, heads, trainer
@@ -30,6 +29,7 @@ from jaxspec.training import data, heads, trainer
 TINY = ModelConfig(arch="llama", vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
                    num_kv_heads=2, head_dim=8, intermediate_size=64, max_position=512)
 DEPTH = 2
+OPTIONS = {"streams": {"top": 1}}  # the kinds' own settings
 
 
 def np_init(config: ModelConfig, seed: int, std: float = 0.5) -> dict:
@@ -102,17 +102,18 @@ def run(workdir, kind: str = "eagle", dims=(1, 1, 1), step_sleep: float = 0.0, *
     workdir = Path(workdir)
     target = tiny_target()
     tokens, mask = pattern_rows()
-    feats = heads.target_features(target, tokens, workdir.parent / f"{workdir.name}-features")
+    spec = hidden.hidden_spec(kind, TINY, DEPTH, options=OPTIONS.get(kind))
+    feats = heads.target_features(target, tokens, workdir.parent / f"{workdir.name}-features",
+                                  feature_layer=spec.feature_layer)
     s = settings(mesh=tuple(dims), **kw)
     mesh = sharding.make_mesh(*dims, devices=jax.devices()[:math.prod(dims)])
     vocab_ids = np.arange(TINY.vocab_size, dtype=np.int32)
-    spec = hidden.hidden_spec(kind, TINY, DEPTH)
     head = _initial_head(kind)
     batches = SlowBatches(tokens, mask, s.batch_size, seed=0, sleep=step_sleep, features=feats)
     out = trainer.train(
         s, TINY, head, batches, workdir, mesh=mesh,
         loss=heads.head_loss(spec, trainer.head_index(vocab_ids, TINY.vocab_size)),
-        frozen=shared_params(target.params, vocab_ids),
+        frozen=spec.shared(target.params, vocab_ids),
         param_shardings=jax.tree.map(lambda _: sharding.replicated(mesh), head))
     lines = (workdir / "metrics.jsonl").read_text().splitlines()
     return {"losses": np.asarray([json.loads(ln)["loss"] for ln in lines if '"loss"' in ln]),

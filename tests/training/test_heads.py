@@ -313,9 +313,11 @@ def test_eagle_unrolled_steps_read_its_own_features(selfgen, trained):
 
 # -------------------------------------------------------------------- resume and sharding
 
-def test_killed_head_training_resumes_to_the_same_params(tmp_path, procs):
-    """An eagle head (nested params: fc and a decoder layer), its features cached on disk."""
-    steps = ["--steps", 8, "--save-every", 2, "--compile-cache", tmp_path / "xla"]
+@pytest.mark.parametrize("kind,param", [("eagle", "['layer']['wq']"), ("streams", "['embed']")])
+def test_killed_head_training_resumes_to_the_same_params(kind, param, tmp_path, procs):
+    """An eagle head (nested params: fc and a decoder layer) and streams (their features are a
+    lower layer's), features cached on disk."""
+    steps = ["--kind", kind, "--steps", 8, "--save-every", 2, "--compile-cache", tmp_path / "xla"]
     workdir = tmp_path / "killed" / "1x1x1"
     uninterrupted = procs.start("_heads_worker", tmp_path / "uninterrupted", *steps)
     proc = procs.start("_heads_worker", tmp_path / "killed", *steps, "--step-sleep", 0.5)
@@ -331,7 +333,7 @@ def test_killed_head_training_resumes_to_the_same_params(tmp_path, procs):
     procs.finish(uninterrupted)
     want = np.load(tmp_path / "uninterrupted" / "1x1x1.npz")
     got = np.load(tmp_path / "killed" / "1x1x1.npz")
-    assert sorted(got.files) == sorted(want.files) and "['layer']['wq']" in want.files
+    assert sorted(got.files) == sorted(want.files) and param in want.files
     for name in want.files:
         if name != "losses":
             np.testing.assert_array_equal(got[name], want[name], err_msg=name)
