@@ -1,6 +1,7 @@
 """Speculative streaming (drafters/streams.py): streams through the target's top layers draft
 for it, its output unchanged; trained with the heads' trainer on the target's own text."""
 
+import functools
 import json
 import pathlib
 
@@ -84,6 +85,36 @@ def test_a_forward_from_a_layers_input_is_the_whole_forward(tiny):
                      layers=(1, 2), inputs_BxSxD=f1)
     np.testing.assert_allclose(top, logits, rtol=1e-5, atol=1e-5)
     assert float(jnp.max(jnp.abs(f1 - f2))) > 1e-2  # the layers' inputs differ
+
+
+def test_the_targets_logits_are_bit_identical_with_streams_on(tiny):
+    """All that streams change in the target's own forward is which layer's input it hands
+    back as features: its logits and cache are the same bits (float32), and in bfloat16 its
+    greedy tokens are the same."""
+    for dtype in (jnp.float32, jnp.bfloat16):
+        m = tiny.model(tiny.config(num_layers=3), 5)
+        params = jax.tree.map(lambda p: p.astype(dtype), m.params)
+        toks = jnp.asarray(np.random.default_rng(1).integers(0, 64, (2, 11)))
+        pos = jnp.broadcast_to(jnp.arange(11), toks.shape)
+        run = functools.partial(forward, params, m.config, toks, pos,
+                                init_cache(m.config, 2, 16, dtype), features=True)
+        plain, with_streams = run(), run(feature_layer=2)
+        for a, b in zip(jax.tree.leaves(plain[:2]), jax.tree.leaves(with_streams[:2])):
+            np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+        assert float(jnp.max(jnp.abs(plain[2] - with_streams[2]))) > 1e-2  # other features
+
+
+def test_gemma3s_logits_are_bit_identical_with_streams_on(gemma3):
+    """The same on Gemma 3 270M (float32): its logits and cache with layer 16's input handed
+    back as the features (the shipped streams' `feature_layer`) are its logits and cache."""
+    ids = gemma3.tokenizer("Der Bäcker öffnet seinen Laden jeden Tag.")["input_ids"]
+    toks = jnp.asarray([ids])
+    pos = jnp.broadcast_to(jnp.arange(len(ids)), toks.shape)
+    run = functools.partial(forward, gemma3.params, gemma3.config, toks, pos,
+                            init_cache(gemma3.config, 1, 32), features=True)
+    plain, with_streams = run(), run(feature_layer=16)
+    for a, b in zip(jax.tree.leaves(plain[:2]), jax.tree.leaves(with_streams[:2])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_loss_falls(trained):
