@@ -68,7 +68,8 @@ class HiddenSpec(DraftSpec):
     """A hidden-state drafter for a target with `config`: `depth` heads or stages (medusa,
     hydra: the longest draft), `tuned_gamma` the draft length it was tuned for and `tuned_tree`
     the token tree (choices), if one was. Subclasses name their `kind` and implement drafting,
-    `forced_logits`, `loss` and `init_head`."""
+    `forced_logits` and `init_head` (and `loss` where theirs is not the cross-entropy of their
+    teacher-forced drafts)."""
 
     config: ModelConfig
     depth: int = 4
@@ -77,14 +78,13 @@ class HiddenSpec(DraftSpec):
     kind = ""
     reads_features = True
     drafts_trees = True
+    max_verified_depth = None  # the deepest tree the target may verify between two drafts
 
     @property
     def cost_key(self) -> str:
         """Heads of one kind and depth cost the same in the decode loop, whatever their
         language (their head rows differ by a few hundred), so they share one measurement."""
         return f"{self.kind}-depth{self.depth}"
-
-    max_verified_depth = None  # the deepest tree the target may verify between two drafts
 
     def validate(self, params, target) -> None:
         c, t = self.config, target.config

@@ -115,10 +115,13 @@ def _features_fn(c, labels: bool, bucket: int, feature_layer: int | None):
     def fwd(p, t_BxS):
         B, S = t_BxS.shape
         pos_BxS = jnp.broadcast_to(jnp.arange(S), t_BxS.shape)
-        run = lambda layer: forward(p, c, t_BxS, pos_BxS, init_cache(c, B, S), features=True,
-                                    feature_layer=layer)[2]
-        x_BxSxD = run(None)  # unused (compiled away) without labels, with a feature layer
-        f_BxSxD = x_BxSxD if feature_layer is None else run(feature_layer)
+        f_BxSxD = forward(p, c, t_BxS, pos_BxS, init_cache(c, B, S), features=True,
+                          feature_layer=feature_layer)[2]
+        x_BxSxD = f_BxSxD
+        if feature_layer is not None and labels:  # the last layer's output: the top layers
+            top = tuple(range(feature_layer, c.num_layers))
+            x_BxSxD = forward(p, c, None, pos_BxS, init_cache(c, B, S, num_layers=len(top)), top,
+                              features=True, inputs_BxSxD=f_BxSxD)[2]
         if not labels:
             return f_BxSxD.astype(jnp.bfloat16), None
         # The head over `bucket` positions at a time: [B, S, vocab] logits at once are GBs.

@@ -117,6 +117,17 @@ def test_gemma3s_logits_are_bit_identical_with_streams_on(gemma3):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_features_of_a_layer_keep_the_labels(cycling, tmp_path):
+    """Prefill labels (the target's greedy next tokens) come out the same when the cached
+    features are a lower layer's input (pretraining streams on any text)."""
+    tokens, _ = _rows(cycling, 6, 2)
+    last, labels = heads.target_features(cycling, tokens, tmp_path, labels=True)
+    lower, same = heads.target_features(cycling, tokens, tmp_path, labels=True, feature_layer=1)
+    np.testing.assert_array_equal(same, labels)
+    np.testing.assert_array_equal(labels[:, 4:-1], tokens[:, 5:])  # its own greedy text
+    assert np.abs(last.astype(np.float32) - lower.astype(np.float32)).max() > 1e-2
+
+
 def test_loss_falls(trained):
     _, workdir = trained
     losses = [json.loads(ln)["loss"] for ln in (workdir / "metrics.jsonl").read_text().splitlines()]
