@@ -216,3 +216,16 @@ def test_gpu_bench_dry_run_writes_its_report(tmp_path):
                                                             for t in d["tokens_per_s"].values())
     assert len(r["dtypes"]["bfloat16"]["loop_ms_by_gamma"]) == 3
     assert "| int8 |" in (out / "report.md").read_text()
+
+
+def test_gpu_bench_report_survives_an_untimeable_loop():
+    """A tiny model's loop step can time as zero on a busy machine: the report says so instead of
+    dividing by it."""
+    from jaxspec.bench.device import report
+
+    d = {"target_ms": {"1": 0.1}, "step_mb": 0.3, "tokens_per_s": {"1": 10.0}}
+    r = {"device": "cpu", "backend": "cpu", "jax": "x", "model": "tiny", "seconds": 1.0,
+         "dtypes": {"bfloat16": {**d, "loop_ms_by_gamma": [0.0, 0.0]}}}
+    assert "too fast to time" in report(r)
+    r["dtypes"]["bfloat16"]["loop_ms_by_gamma"] = [2.0, 3.0]
+    assert "0: 1.00, 1: 1.50" in report(r)
