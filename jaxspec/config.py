@@ -112,6 +112,46 @@ class ModelConfig:
         return cls(**d)
 
 
+@dataclasses.dataclass(frozen=True)
+class VisionConfig:
+    """A vision-language target's image side (Gemma 3): a SigLIP vision encoder over square
+    images of `image_size` pixels cut into patches of `patch_size`, pooled to
+    `tokens_per_image` embeddings, projected to the decoder's width; and the image's ids in
+    the text: `image_token_id` holds one embedding's place, `boi_token_id` and `eoi_token_id`
+    open and close an image."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    image_size: int
+    patch_size: int
+    tokens_per_image: int
+    image_token_id: int
+    boi_token_id: int
+    eoi_token_id: int
+    layer_norm_eps: float = 1e-6
+
+    def __post_init__(self):
+        side = self.image_size // self.patch_size
+        pooled = round(self.tokens_per_image ** 0.5)
+        if self.image_size % self.patch_size or pooled ** 2 != self.tokens_per_image \
+                or side % pooled or self.hidden_size % self.num_heads:
+            raise UserError(f"vision config: {self.image_size}px images in "
+                            f"{self.patch_size}px patches do not pool to "
+                            f"{self.tokens_per_image} tokens (a square number dividing the "
+                            f"patch grid), or {self.num_heads} heads do not divide "
+                            f"{self.hidden_size}")
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+
 def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
     """`["a.b=1", "c=x"]` -> `{"a": {"b": 1}, "c": "x"}`; values are parsed as YAML where they
     parse, else kept as text."""

@@ -32,6 +32,7 @@ from jaxspec.models.model import Model
 from jaxspec.models.params import check_params
 from jaxspec.models.quant import quantize_params
 from jaxspec.models.transformer import forward
+from jaxspec.models.vision import Vision
 
 
 def _smollm2_path() -> Path:
@@ -193,7 +194,7 @@ def load(name_or_path: str | os.PathLike, dtype="auto", cache: bool = True, mesh
             raise UserError("int8 weights are not split over a mesh yet: load bfloat16 there")
         model = load(name_or_path, "float32", cache)
         return dataclasses.replace(model, params=quantize_params(model.params))
-    shardings = place = None
+    shardings = place = vision = None
     if mesh is not None:
         shardings = lambda config: sharding.param_shardings(config, mesh, rules)  # noqa: E731
         place = lambda config: _placer(shardings(config), dtype)  # noqa: E731
@@ -222,6 +223,7 @@ def load(name_or_path: str | os.PathLike, dtype="auto", cache: bool = True, mesh
         config, params = hf.load_hf_dir(path, progress=_progress(f"loading {path.name}"),
                                         place=place)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
+        vision = _vision(path, config.hidden_size, dtype, mesh, rules)
     elif heads.is_head(path):  # a hidden-state drafter: no model of its own
         try:
             target = repr(heads.read_meta(path)["target"])
@@ -234,7 +236,23 @@ def load(name_or_path: str | os.PathLike, dtype="auto", cache: bool = True, mesh
                         f"(jaxspec checkpoint)")
     if dtype != "int8":
         params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
-    return Model(config, params, tokenizer, name, mesh, rules)
+    return Model(config, params, tokenizer, name, mesh, rules, vision)
+
+
+def _vision(path: Path, text_hidden: int, dtype: str, mesh, rules):
+    """A vision-language HF directory's image side (`models.vision.Vision`), its params in
+    `dtype` (float32 for int8 weights) and on `mesh` by `rules`; None for a text model."""
+    loaded = hf.load_hf_vision(path, np.float32)
+    if loaded is None:
+        return None
+    vc, params, pre = loaded
+    dt = jnp.float32 if dtype == "int8" else jnp.dtype(dtype)
+    if mesh is None:
+        params = jax.tree.map(lambda w: jnp.asarray(w, dt), params)
+    else:
+        params = jax.tree.map(lambda w, s: sharding.global_array(np.asarray(w, dt), s), params,
+                              sharding.vision_shardings(vc, text_hidden, mesh, rules))
+    return Vision(vc, params, pre)
 
 
 def shard(model: Model, mesh, rules=None) -> Model:
@@ -244,7 +262,12 @@ def shard(model: Model, mesh, rules=None) -> Model:
     shardings = sharding.param_shardings(model.config, mesh, rules)
     params = jax.tree.map(lambda x, s: sharding.global_array(np.asarray(x), s), model.params,
                           shardings)
-    return dataclasses.replace(model, params=params, mesh=mesh, rules=rules)
+    vision = model.vision
+    if vision is not None:
+        vision = dataclasses.replace(vision, params=jax.tree.map(
+            lambda x, s: sharding.global_array(np.asarray(x), s), vision.params,
+            sharding.vision_shardings(vision.config, model.config.hidden_size, mesh, rules)))
+    return dataclasses.replace(model, params=params, mesh=mesh, rules=rules, vision=vision)
 
 
 def config_of(name_or_path: str | os.PathLike) -> ModelConfig:

@@ -40,6 +40,9 @@ RULES: dict[str, Any] = {
     "head_vocab": "tensor",
     "head_dim": None,
     "length": None,  # cache slots
+    "vision_embed": None,  # the image side (Gemma 3's SigLIP tower): small, run once per image
+    "vision_heads": "tensor",
+    "vision_mlp": "tensor",
 }
 
 
@@ -112,6 +115,17 @@ def param_shardings(config: ModelConfig, mesh, rules: Mapping[str, Any] = RULES)
 
     is_leaf = lambda x: isinstance(x, tuple)  # noqa: E731
     return jax.tree.map_with_path(one, param_axes(config), param_shapes(config), is_leaf=is_leaf)
+
+
+def vision_shardings(vc, text_hidden: int, mesh, rules: Mapping[str, Any] = RULES) -> dict:
+    """NamedSharding of every param of a vision-language model's image side; a dim the mesh
+    does not divide stays whole."""
+    from jaxspec.models import vision
+
+    shapes = vision.param_shapes(vc, text_hidden)
+    return jax.tree.map(lambda names, shape: NamedSharding(mesh, fitting_spec(
+        names, shape, mesh, rules)), vision.param_axes(vc), shapes,
+        is_leaf=lambda x: isinstance(x, tuple))
 
 
 def batch_sharding(mesh, ndim: int = 2, leading: int = 0, rules: Mapping[str, Any] = RULES):

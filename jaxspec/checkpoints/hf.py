@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from jaxspec import archs
-from jaxspec.config import ModelConfig
+from jaxspec.config import ModelConfig, VisionConfig
 from jaxspec.errors import UserError
 from jaxspec.models.params import layer_params
 
@@ -124,6 +124,67 @@ def config_from_hf(hf: dict) -> ModelConfig:
     return ModelConfig.from_dict({**common, **arch.from_hf(hf, head_dim)})
 
 
+_SIGLIP = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+               num_attention_heads=12, image_size=224, patch_size=16)  # transformers' defaults
+_VISION_LAYER = {"ln1": "layer_norm1.weight", "ln1_b": "layer_norm1.bias",
+                 "wq": "self_attn.q_proj.weight", "bq": "self_attn.q_proj.bias",
+                 "wk": "self_attn.k_proj.weight", "bk": "self_attn.k_proj.bias",
+                 "wv": "self_attn.v_proj.weight", "bv": "self_attn.v_proj.bias",
+                 "wo": "self_attn.out_proj.weight", "bo": "self_attn.out_proj.bias",
+                 "ln2": "layer_norm2.weight", "ln2_b": "layer_norm2.bias",
+                 "w1": "mlp.fc1.weight", "b1": "mlp.fc1.bias",
+                 "w2": "mlp.fc2.weight", "b2": "mlp.fc2.bias"}
+
+
+def vision_config_from_hf(hf: dict) -> VisionConfig | None:
+    """The image side of a vision-language config.json (Gemma 3's), None for a text model."""
+    if "vision_config" not in hf:
+        return None
+    if hf.get("model_type") != "gemma3":
+        raise UserError(f"vision-language model_type {hf.get('model_type')!r} is not supported "
+                        f"(jaxspec runs Gemma 3's)")
+    v = {**_SIGLIP, **(hf["vision_config"] or {})}
+    if v.get("hidden_act", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
+        raise UserError(f"vision activation {v['hidden_act']!r} is not supported")
+    return VisionConfig(
+        hidden_size=v["hidden_size"], intermediate_size=v["intermediate_size"],
+        num_layers=v["num_hidden_layers"], num_heads=v["num_attention_heads"],
+        image_size=v["image_size"], patch_size=v["patch_size"],
+        tokens_per_image=hf.get("mm_tokens_per_image", 256),
+        image_token_id=hf.get("image_token_index", hf.get("image_token_id", 262144)),
+        boi_token_id=hf.get("boi_token_index", hf.get("boi_token_id", 255999)),
+        eoi_token_id=hf.get("eoi_token_index", hf.get("eoi_token_id", 256000)),
+        layer_norm_eps=float(v.get("layer_norm_eps", 1e-6)))
+
+
+def vision_params_from_hf_state(get, vc: VisionConfig, dtype=np.float32) -> dict:
+    """The image side's params from HF-named tensors (`get` as in `params_from_hf_state`;
+    names under vision_tower., with or without vision_model., and multi_modal_projector.)."""
+    def fetch(name):
+        for full in (name, "model." + name, name.replace("vision_tower.",
+                                                         "vision_tower.vision_model.", 1)):
+            try:
+                return np.asarray(get(full), np.float32)
+            except KeyError:
+                pass
+        raise UserError(f"checkpoint has no tensor {name!r}")
+
+    tower = "vision_tower."
+    layers = [{ours: fetch(f"{tower}encoder.layers.{i}.{hf}").astype(dtype)
+               for ours, hf in _VISION_LAYER.items()} for i in range(vc.num_layers)]
+    patch = fetch(tower + "embeddings.patch_embedding.weight")
+    return {
+        "patch": patch.reshape(patch.shape[0], -1).astype(dtype),
+        "patch_b": fetch(tower + "embeddings.patch_embedding.bias").astype(dtype),
+        "position": fetch(tower + "embeddings.position_embedding.weight").astype(dtype),
+        "layers": layers,
+        "post_ln": fetch(tower + "post_layernorm.weight").astype(dtype),
+        "post_ln_b": fetch(tower + "post_layernorm.bias").astype(dtype),
+        "mm_norm": (fetch("multi_modal_projector.mm_soft_emb_norm.weight") + 1).astype(dtype),
+        "mm_proj": fetch("multi_modal_projector.mm_input_projection_weight").T.astype(dtype),
+    }
+
+
 def hf_config_from_config(c: ModelConfig) -> dict:
     """ModelConfig -> a config.json that transformers loads as its architecture's ForCausalLM."""
     if c.head_vocab_size is not None:
@@ -141,24 +202,47 @@ def hf_config_from_config(c: ModelConfig) -> dict:
     return archs.get(c.arch).to_hf(c, out)
 
 
+def _tensor_index(path: Path) -> dict:
+    """Tensor name -> the open safetensors file holding it, over a directory's *.safetensors."""
+    from safetensors import safe_open
+
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path} has no *.safetensors files")
+    index = {}
+    for f in files:
+        h = safe_open(str(f), framework="numpy")
+        for k in h.keys():
+            index[k] = h
+    return index
+
+
+def load_hf_vision(path: str | os.PathLike, dtype=np.float32):
+    """(VisionConfig, its params, `images.Preprocess`) of a vision-language HF directory; None
+    for a text model."""
+    from jaxspec.images import Preprocess
+
+    path = Path(path)
+    hf = json.loads((path / "config.json").read_text())
+    vc = vision_config_from_hf(hf)
+    if vc is None:
+        return None
+    index = _tensor_index(path)
+    params = vision_params_from_hf_state(lambda n: index[n].get_tensor(n), vc, dtype)
+    pre_file = path / "preprocessor_config.json"
+    pre = json.loads(pre_file.read_text()) if pre_file.exists() else {}
+    return vc, params, Preprocess.from_hf(pre, vc.image_size)
+
+
 def load_hf_dir(path: str | os.PathLike, dtype=np.float32, progress=None, place=None):
     """(config, params) from a directory with config.json and *.safetensors (sharded or not);
     `place(config)` may give a per-param placer (see `params_from_hf_state`)."""
-    from safetensors import safe_open
-
     path = Path(path)
     cfg_file = path / "config.json"
     if not cfg_file.exists():
         raise FileNotFoundError(f"{path} has no config.json")
     config = config_from_hf(json.loads(cfg_file.read_text()))
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{path} has no *.safetensors files")
-    index = {}
-    handles = [safe_open(str(f), framework="numpy") for f in files]
-    for h in handles:
-        for k in h.keys():
-            index[k] = h
+    index = _tensor_index(path)
     if config.tie_embeddings and "lm_head.weight" in index and "model.embed_tokens.weight" in index:
         config = config.replace(tie_embeddings=False) if not np.array_equal(
             index["lm_head.weight"].get_tensor("lm_head.weight"),

@@ -31,8 +31,13 @@ def stream_generate(model, prompts, seeds=None, *, batch_size: int = 8,
 
 def generate(model, prompts, max_new_tokens: int | Sequence[int] = 64, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int = 0, stop=None,
-             chat: bool = False) -> GenerationResult:
+             chat: bool = False, images=None) -> GenerationResult:
     """Autoregressive decoding: prefill, then one `lax.while_loop` of one token per step.
+
+    images: for a vision-language target (Gemma 3 4B and larger), one entry per prompt: an
+    image (a path, an array [H, W, 3] or a PIL image), a list of them, or None; a single prompt
+    may take one image alone. Each goes to a `<start_of_image>` of its prompt, or before the
+    text when there is none (`image_prompts`).
 
     stop: a string, a token id, or a list of them; the model's end-of-sequence ids always stop.
     A row ends at the token whose text completes a stop string (inside the token or spelled over
@@ -40,7 +45,7 @@ def generate(model, prompts, max_new_tokens: int | Sequence[int] = 64, temperatu
     string."""
     return runner.DECODER(model, None, prompts, gamma=0, max_new_tokens=max_new_tokens,
                           sampling=Sampling(temperature, top_k, top_p), seed=seed, stop=stop,
-                          chat=chat)
+                          chat=chat, images=images)
 
 
 def speculative_generate(target, drafter, prompts, gamma: int | str | None = None,
@@ -48,7 +53,8 @@ def speculative_generate(target, drafter, prompts, gamma: int | str | None = Non
                          top_k: int | None = None, top_p: float | None = None, seed: int = 0,
                          stop=None, chat: bool = False, gamma_max: int = 4,
                          costs: Sequence[float] | None = None, tree=None,
-                         remember: bool = True) -> GenerationResult:
+                         remember: bool = True, images=None,
+                         image_placeholder=None) -> GenerationResult:
     """Speculative decoding: `drafter` (a jaxspec Model or a Drafter from `layer_skip_drafter`,
     `ngram_drafter`, `model_drafter`) proposes `gamma` tokens, the target verifies them in one
     call, and each row keeps what it accepts. Greedy output equals `generate`'s; sampled output
@@ -67,7 +73,11 @@ def speculative_generate(target, drafter, prompts, gamma: int | str | None = Non
     stay exact). The model, layer-skip, n-gram, Medusa, Hydra and EAGLE drafters draft trees.
     An EAGLE head also drafts EAGLE-2's dynamic trees, a shape per row and step (greedy):
     "dynamic:BUDGET[:DEPTH[:WIDTH]]" or a `trees.DynamicTree`.
-    With neither gamma nor tree, a trained drafter's tuned tree, else its tuned gamma, else 4."""
+    With neither gamma nor tree, a trained drafter's tuned tree, else its tuned gamma, else 4.
+
+    images (as for `generate`): the target reads them; the drafter sees the text only, each
+    image dropped or replaced by `image_placeholder` (a text or token ids), so any language-only
+    drafter of the target's vocabulary, or a prefix of it, serves (`drafters.text_view`)."""
     if drafter is None:
         raise UserError("speculative_generate needs a drafter; use generate without one")
     if tree is not None and gamma is not None:
@@ -81,7 +91,7 @@ def speculative_generate(target, drafter, prompts, gamma: int | str | None = Non
     return runner.DECODER(target, drafter, prompts, gamma=gamma, max_new_tokens=max_new_tokens,
                           sampling=Sampling(temperature, top_k, top_p), seed=seed, stop=stop,
                           chat=chat, gamma_max=gamma_max, costs=costs, tree=tree,
-                          remember=remember)
+                          remember=remember, images=images, image_placeholder=image_placeholder)
 
 
 def _measured_costs(target, drafter, gamma_max: int) -> list[float]:

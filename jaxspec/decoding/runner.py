@@ -13,10 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import sharding
-from jaxspec.decoding import speculative, stops, trees, xla_cache
+from jaxspec.decoding import image_prompts, speculative, stops, trees, xla_cache
 from jaxspec.decoding.plan import AcceptanceMemory, start_counts
 from jaxspec.decoding.sampling import Sampling
-from jaxspec.drafters.model import as_drafter
+from jaxspec.drafters.model import as_drafter, same_tokens
+from jaxspec.drafters.text_view import text_view
 from jaxspec.errors import UserError
 from jaxspec.loading import check_token_ids
 
@@ -88,12 +89,12 @@ def stop_ids(model, stop) -> tuple[int, ...]:
 
 
 def _check_tokenizers(target, drafter_model) -> None:
-    """A drafter model with its own tokenizer must share the target's vocabulary."""
+    """A drafter model with its own tokenizer must share the target's vocabulary, or its first
+    ids (`same_tokens`)."""
     t, d = target.tokenizer, getattr(drafter_model, "tokenizer", None)
     if t is None or d is None:
         return
-    probe = sorted({0, 1, 2, len(t) // 2, len(t) - 1})
-    if len(t) != len(d) or t.convert_ids_to_tokens(probe) != d.convert_ids_to_tokens(probe):
+    if not same_tokens(t, d):
         raise UserError(f"the drafter's tokenizer ({len(d)} tokens) differs from the target's "
                         f"({len(t)} tokens): its drafts would mean other tokens")
 
@@ -258,7 +259,8 @@ class Decoder:
         return self._compiled[key]
 
     def __call__(self, target, drafter, prompts, *, gamma, max_new_tokens, sampling, seed, stop,
-                 chat, gamma_max=4, costs=None, tree=None, remember=True) -> GenerationResult:
+                 chat, gamma_max=4, costs=None, tree=None, remember=True, images=None,
+                 image_placeholder=None) -> GenerationResult:
         auto = isinstance(gamma, str)
         if auto and gamma != "auto":
             raise UserError(f"gamma must be an int or 'auto', got {gamma!r}")
@@ -271,6 +273,17 @@ class Decoder:
         _check_gamma(gamma, drafter)
         tree, gamma = _with_branch(drafter, tree, gamma, auto)
         ids = encode_prompts(target, prompts, chat)
+        image_rows = None
+        if images is not None:
+            if target.vision is None:
+                raise UserError(f"images were given, but {target.name or 'the target'} is a "
+                                f"text-only model")
+            image_rows = image_prompts.per_row(images, len(ids))
+            if not any(image_rows):
+                image_rows = None
+            else:
+                ids = [image_prompts.expand(target, row, len(ims))
+                       for row, ims in zip(ids, image_rows)]
         for row in ids:
             check_token_ids([row], target.config.vocab_size)
         max_new = _budgets(max_new_tokens, len(ids))
@@ -284,15 +297,20 @@ class Decoder:
                                                   sharding.batch_shards(target.mesh, target.rules))
         if drafter is not None:
             _check_tokenizers(target, drafter)
-            drafter = as_drafter(drafter)
+            drafter = as_drafter(drafter, target)
             drafter.spec.validate(drafter.params, target)
+            if image_rows is not None:
+                drafter = text_view(drafter, target.vision.config,
+                                    image_prompts.placeholder_ids(target, image_placeholder))
         stop_data, stop_strings = stops.tables(target, stop)
         shape = speculative.Auto(gamma) if auto else (trees.chain(gamma) if tree is None
                                                       else tree)
         costs_G1 = _check_costs(costs, gamma) if auto else None
         if auto and _never_drafts(costs_G1, drafter.tuned_accept):
             drafter, costs_G1, shape = None, None, trees.chain(0)
-        statics = dict(settings=speculative.Settings(target.config, shape, sampling))
+        statics = dict(settings=speculative.Settings(
+            target.config, shape, sampling,
+            target.vision.config.image_token_id if image_rows is not None else None))
         args = (target.params, drafter and drafter.bare,
                 *_rows(target, tokens, lengths_p, max_new_p), _key(target, seed))
         memory_key = prior = None
@@ -302,6 +320,8 @@ class Decoder:
             prior = _replicated(target, start_counts(remembered, drafter.tuned_accept, gamma))
             costs_G1 = _replicated(target, np.asarray(costs_G1, np.float32))
         args += (prior, jax.tree.map(lambda a: _replicated(target, a), stop_data), costs_G1)
+        if image_rows is not None:
+            args += _rows(target, image_prompts.embeddings(target, image_rows, len(tokens)))
         def check():
             from jaxspec.decoding import memory  # also a `python -m` entry: import when used
 

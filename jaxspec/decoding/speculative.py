@@ -47,6 +47,7 @@ class Settings:
     config: ModelConfig
     shape: Tree | DynamicTree | Auto
     sampling: Sampling = Sampling()
+    image_token: int | None = None  # a vision-language target's image token: prompts hold images
 
     @property
     def top(self) -> Tree | DynamicTree:
@@ -124,13 +125,15 @@ def cache_dtype(target_params):
 
 def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_lengths_B,
             max_new_B, key, prior_2xG=None, num_stops: int = 0,
-            shared: tuple[KVCache, jax.Array] | None = None) -> DecodeState:
+            shared: tuple[KVCache, jax.Array] | None = None, images=None) -> DecodeState:
     """Fill both caches with each row's prompt (`fill_cache`: fixed-size chunks, so the prompt
     length never changes compiled shapes); `prior_2xG`: for gamma="auto", each row's starting
     acceptance counts (accepted, tried) of the G draft positions it tracks; `num_stops`: the
     stop automata each row runs (`Stops`), all starting at 0 (no text yet). `shared`: (the
     one-row cache of a prefix every prompt starts with, its length; `shared_prefix`): each row
-    starts from it and computes only the rest (no drafter)."""
+    starts from it and computes only the rest (no drafter). `images` = (each row's image
+    embeddings [B, M, D], the image token id): the target reads them in place of the image
+    tokens (`transformer.fill_cache`); the drafter sees the tokens only."""
     B, T = tokens_BxT.shape
     cache, first = init_cache(config, B, T, cache_dtype(target_params)), 0
     if shared is not None:
@@ -138,7 +141,7 @@ def prefill(target_params, config: ModelConfig, drafter, tokens_BxT, prompt_leng
         first = shared[1]
     filled = fill_cache(target_params, config, tokens_BxT, prompt_lengths_B, cache,
                         features=reads_features(drafter), first=first,
-                        feature_layer=feature_layer(drafter))
+                        feature_layer=feature_layer(drafter), images=images)
     cache, feats_BxTxD = filled if reads_features(drafter) else (filled, jnp.zeros((B, T, 0)))
     dstate = (drafter.spec.init(drafter.params, DraftInput(
         tokens_BxT, prompt_lengths_B, feats_BxTxD, config.vocab_size, cache))
@@ -438,15 +441,18 @@ def decode_loop(target_params, drafter, state: DecodeState, settings: Settings, 
 
 
 def run(target_params, drafter, tokens_BxT, prompt_lengths_B, max_new_B, key, prior_2xG=None,
-        stops: Stops | None = None, costs_G1=None, *, settings: Settings) -> DecodeState:
+        stops: Stops | None = None, costs_G1=None, images_BxMxD=None, *,
+        settings: Settings) -> DecodeState:
     """Prefill and decode; jit this with `settings` static. With `costs_G1` (`Auto`),
     `prior_2xG` gives each row's starting acceptance counts (default none); `stops` ends rows
-    (default: nothing but the budget)."""
+    (default: nothing but the budget); `images_BxMxD`: each row's image embeddings, for a
+    vision-language target (`settings.image_token`)."""
     if costs_G1 is not None and prior_2xG is None:
         prior_2xG = jnp.zeros((2, len(costs_G1) - 1))
     num_stops = 0 if stops is None else stops.next_ZxVxL.shape[0]
+    images = None if images_BxMxD is None else (images_BxMxD, settings.image_token)
     state = prefill(target_params, settings.config, drafter, tokens_BxT, prompt_lengths_B,
-                    max_new_B, key, prior_2xG, num_stops)
+                    max_new_B, key, prior_2xG, num_stops, images=images)
     return decode_loop(target_params, drafter, state, settings, stops=stops, costs_G1=costs_G1)
 
 

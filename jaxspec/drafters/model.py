@@ -4,6 +4,7 @@ target itself with layers skipped (Draft & Verify)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +27,7 @@ class ModelSpec(DraftSpec):
     config: ModelConfig
     layers: tuple[int, ...] | None = None
     subset_vocab: bool = False
+    vocab_prefix: bool = False  # its tokenizer was checked to be a prefix of the target's
     drafts_trees = True
 
     def own_params(self, params):
@@ -40,12 +42,14 @@ class ModelSpec(DraftSpec):
             if ids.min() < 0 or ids.max() >= tv:
                 raise UserError(f"drafter vocab_ids reach {ids.max()}, target vocabulary is {tv}")
             return
-        if tv == dv:
-            return
+        if tv == dv or (dv < tv and self.vocab_prefix):
+            return  # a prefix: it never drafts an id it lacks (`_vocab_logits`)
         # Heads that differ only by padding past the tokenizer's real vocabulary are accepted.
         real = len(target.tokenizer) if target.tokenizer is not None else None
         if real is None or min(tv, dv) < real:
-            raise UserError(f"drafter vocabulary ({dv}) does not match the target's ({tv})")
+            raise UserError(f"drafter vocabulary ({dv}) does not match the target's ({tv}); a "
+                            f"smaller one is accepted when its tokens are the target's first "
+                            f"{dv}, which takes both models' tokenizers to check")
 
     def init(self, params, inp: DraftInput):
         B, T = inp.tokens_BxT.shape
@@ -129,9 +133,30 @@ class ModelSpec(DraftSpec):
                            params["vocab_ids"] if self.subset_vocab else None))
 
 
-def model_drafter(model, vocab_ids=None) -> Drafter:
+def same_tokens(target_tokenizer, drafter_tokenizer) -> bool:
+    """Whether every id of the drafter's tokenizer means the same token in the target's (the
+    drafter's vocabulary is the target's or a prefix of it)."""
+    if target_tokenizer is drafter_tokenizer:
+        return True
+    try:
+        return _same_tokens(target_tokenizer, drafter_tokenizer)
+    except TypeError:  # unhashable tokenizers: not remembered
+        return _same_tokens.__wrapped__(target_tokenizer, drafter_tokenizer)
+
+
+@functools.lru_cache(maxsize=8)
+def _same_tokens(target_tokenizer, drafter_tokenizer) -> bool:
+    n = len(drafter_tokenizer)
+    ids = list(range(n))
+    return n <= len(target_tokenizer) and (target_tokenizer.convert_ids_to_tokens(ids)
+                                           == drafter_tokenizer.convert_ids_to_tokens(ids))
+
+
+def model_drafter(model, vocab_ids=None, target=None) -> Drafter:
     """A separate jaxspec model as drafter; `vocab_ids` [head_vocab] when its head is a subset
-    (`loading.load_drafter` reads them from a saved drafter)."""
+    (`loading.load_drafter` reads them from a saved drafter). With `target`, a drafter of a
+    smaller vocabulary is accepted when its tokenizer's ids are the target's first ones (Gemma
+    3 270M for the vision models of 262208 ids)."""
     subset = model.config.head_vocab_size is not None
     if subset != (vocab_ids is not None):
         raise UserError("a drafter with a reduced head needs vocab_ids (head index -> token id; "
@@ -144,7 +169,10 @@ def model_drafter(model, vocab_ids=None) -> Drafter:
             raise UserError(f"vocab_ids has shape {vocab_ids.shape}, head has "
                             f"{model.config.head_vocab_size} entries")
         params["vocab_ids"] = jnp.asarray(vocab_ids)
-    return Drafter(params, ModelSpec(model.config, None, subset), model.name or "model")
+    prefix = (target is not None and model.config.vocab_size < target.config.vocab_size
+              and None not in (model.tokenizer, target.tokenizer)
+              and same_tokens(target.tokenizer, model.tokenizer))
+    return Drafter(params, ModelSpec(model.config, None, subset, prefix), model.name or "model")
 
 
 def layer_skip_drafter(model, skip_layers) -> Drafter:
@@ -161,9 +189,9 @@ def layer_skip_drafter(model, skip_layers) -> Drafter:
                    f"layer-skip({len(skip)}/{n})")
 
 
-def as_drafter(x) -> Drafter:
+def as_drafter(x, target=None) -> Drafter:
     if isinstance(x, Drafter):
         return x
     if hasattr(x, "config") and hasattr(x, "params"):
-        return model_drafter(x)
+        return model_drafter(x, target=target)
     raise TypeError(f"cannot draft with {type(x).__name__}: pass a jaxspec Model or a Drafter")

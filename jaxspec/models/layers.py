@@ -171,12 +171,15 @@ def tree_view(T: int, base_B, depth_M, visible_SxM, ordered: bool = True):
     return kv_pos_BxT, seen_BxSxT | ~inside_BxT[:, None], order_BxSxT
 
 
-def attention(q_BxSxQxH, k_BxTxJxH, v_BxTxJxH, positions_BxS, scale: float, window, view=None):
+def attention(q_BxSxQxH, k_BxTxJxH, v_BxTxJxH, positions_BxS, scale: float, window, view=None,
+              blocks=None):
     """Grouped-query attention of the new queries over the cache, masked by position:
     [batch, seq, heads * head_dim].
 
     A query at position p sees slots t <= p, and with a sliding `window` (an int, or None)
-    only t > p - window (static). `view` (from `tree_view`) gives the slots' positions and a
+    only t > p - window (static). `blocks` = (the queries' block ids [B, S], the slots' [B, T];
+    -1: none) also lets a query see every slot of its own block, later ones too (an image's
+    tokens attend to each other both ways), within the window. `view` (from `tree_view`) gives the slots' positions and a
     visibility mask when the cache holds a token tree; by default slot t holds position t.
     On CPU up to PER_QUERY_SCORES tree queries each attend over the slots in the order of
     their positions (`view`'s order): the softmax's sum and the product with the values round
@@ -208,6 +211,9 @@ def attention(q_BxSxQxH, k_BxTxJxH, v_BxTxJxH, positions_BxS, scale: float, wind
         mask_BxSxT = (kv_pos_1x1xT <= positions_BxS[:, :, None]) & view[1]
     else:
         mask_BxSxT = kv_pos_1x1xT <= positions_BxS[:, :, None]
+    if blocks is not None:
+        q_BxS, kv_BxT = blocks
+        mask_BxSxT |= (q_BxS[:, :, None] == kv_BxT[:, None, :]) & (q_BxS[:, :, None] >= 0)
     if window is not None:
         mask_BxSxT &= kv_pos_1x1xT > positions_BxS[:, :, None] - window
     scores = jnp.where(mask_BxSxT[:, None, None], scores, _MASKED)

@@ -12,7 +12,8 @@ from jaxspec.config import ModelConfig
 @dataclasses.dataclass
 class Model:
     """A loaded model: frozen config, param pytree, and tokenizer (None for bare random models);
-    `mesh` and `rules` when its params are split over devices (`load(..., mesh=)`, `shard`)."""
+    `mesh` and `rules` when its params are split over devices (`load(..., mesh=)`, `shard`);
+    `vision` (a `vision.Vision`) when it also reads images."""
 
     config: ModelConfig
     params: dict
@@ -20,6 +21,7 @@ class Model:
     name: str = ""
     mesh: Any = None
     rules: Any = None
+    vision: Any = None
 
     def __post_init__(self):
         if self.mesh is not None and self.rules is None:

@@ -21,7 +21,7 @@ _ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda a: jax.nn.gelu(a, appro
 
 
 def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig, slots=None,
-           view=None):
+           view=None, blocks=None):
     arch = archs.get(config.arch)
     B, S, D = x.shape
     h = L.rms_norm(x, lp["attn_norm"], config.rms_eps)
@@ -38,7 +38,7 @@ def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig
     k_cache = L.write_cache(k_cache, k, at)
     v_cache = L.write_cache(v_cache, v, at)
     scale = config.query_scale or config.head_dim ** -0.5
-    attn = L.attention(q, k_cache, v_cache, positions, scale, window, view)
+    attn = L.attention(q, k_cache, v_cache, positions, scale, window, view, blocks)
     attn = L.linear(attn, lp["wo"].reshape(D, -1))
     if arch.sandwich_norms:
         attn = L.rms_norm(attn, lp["post_attn_norm"], config.rms_eps)
@@ -52,7 +52,8 @@ def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig
 
 def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCache,
             layers: tuple[int, ...] | None = None, features: bool = False, slots_BxS=None,
-            tree=None, keep_layers=None, feature_layer: int | None = None, inputs_BxSxD=None):
+            tree=None, keep_layers=None, feature_layer: int | None = None, inputs_BxSxD=None,
+            blocks=None):
     """Logits [batch, seq, vocab] (float32) and the updated cache; with `features`, also the last
     layer's output before the final norm [batch, seq, hidden] (what hidden-state drafters read),
     or with `feature_layer` (static) the input of that layer (speculative streams).
@@ -64,7 +65,8 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
     Tokens go to the slots of their positions, or to `slots_BxS`; `tree` = (base_B, depth_M,
     visible_SxM[, ordered]) says the cache holds a token tree (`layers.tree_view`).
     `keep_layers` (bool, one per layer; data) passes a skipped layer's input through: one
-    compiled function for every skip set.
+    compiled function for every skip set. `blocks`: spans that attend both ways (an image's
+    tokens; `layers.attention`).
     """
     layer_ids = tuple(range(config.num_layers)) if layers is None else tuple(layers)
     if cache.num_layers != len(layer_ids):
@@ -72,12 +74,8 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
     if positions_BxS.shape[1] > cache.max_len:
         raise UserError(f"{positions_BxS.shape[1]} tokens do not fit a cache of "
                         f"{cache.max_len} slots")
-    if inputs_BxSxD is not None:
-        x = inputs_BxSxD.astype(jnp.float32)
-    else:
-        x = L.embed(params["embed"], tokens_BxS)  # activations are float32 in every precision
-        if archs.get(config.arch).embed_scale:
-            x = x * jnp.asarray(config.hidden_size ** 0.5, x.dtype)
+    x = (embed(params, config, tokens_BxS) if inputs_BxSxD is None
+         else inputs_BxSxD.astype(jnp.float32))
     rope_global = L.rope_angles(positions_BxS, L.rope_inv_freq(
         config.head_dim, config.rope_theta, config.rope_scaling))
     rope_local = L.rope_angles(positions_BxS, L.rope_inv_freq(
@@ -90,7 +88,7 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
         rope = rope_local if config.sliding_layers[i] else rope_global
         window = config.sliding_window if config.sliding_layers[i] else None
         y, k, v = _layer(x, params["layers"][i], cache.keys[c], cache.values[c], positions_BxS,
-                         rope, window, config, slots_BxS, view)
+                         rope, window, config, slots_BxS, view, blocks)
         x = y if keep_layers is None else jnp.where(keep_layers[i], y, x)
         keys.append(k)
         values.append(v)
@@ -99,6 +97,32 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
     if not features:
         return logits, cache
     return logits, cache, x if feature_layer is None else feats
+
+
+def embed(params, config: ModelConfig, tokens_BxS):
+    """The tokens' input embeddings (float32 in every precision; Gemma's scaled)."""
+    x = L.embed(params["embed"], tokens_BxS)
+    if archs.get(config.arch).embed_scale:
+        x = x * jnp.asarray(config.hidden_size ** 0.5, x.dtype)
+    return x
+
+
+def image_blocks(tokens_BxT, image_token_id: int):
+    """Each slot's image block id (-1 for text): runs of image tokens, numbered per row."""
+    image_BxT = tokens_BxT == image_token_id
+    start_BxT = image_BxT & ~jnp.pad(image_BxT, ((0, 0), (1, 0)))[:, :-1]
+    return jnp.where(image_BxT, jnp.cumsum(start_BxT, axis=1) - 1, -1)
+
+
+def with_images(params, config: ModelConfig, tokens_BxT, images_BxMxD, image_token_id: int):
+    """Input embeddings [B, T, D] where each image token takes the next of its row's image
+    embeddings (`vision.encode`, images in order of appearance)."""
+    x_BxTxD = embed(params, config, tokens_BxT)
+    image_BxT = tokens_BxT == image_token_id
+    at_BxT = jnp.clip(jnp.cumsum(image_BxT, axis=1) - 1, 0, images_BxMxD.shape[1] - 1)
+    picked_BxTxD = jnp.take_along_axis(images_BxMxD.astype(x_BxTxD.dtype), at_BxT[..., None],
+                                       axis=1)
+    return jnp.where(image_BxT[..., None], picked_BxTxD, x_BxTxD)
 
 
 def head(params, config: ModelConfig, x_BxSxD, rows=None):
@@ -111,15 +135,25 @@ def head(params, config: ModelConfig, x_BxSxD, rows=None):
 
 def fill_cache(params, config: ModelConfig, tokens_BxT, n_B, cache: KVCache,
                layers: tuple[int, ...] | None = None, chunk: int = 64, features: bool = False,
-               first=0, feature_layer: int | None = None):
+               first=0, feature_layer: int | None = None, images=None):
     """Write the keys/values of each row's tokens `first` .. `n_B` - 1 (the slots before `first`
     already hold theirs), `chunk` positions per forward in a loop whose trip count is data, so
     one compiled function serves every prompt length. Slots past a row's `n_B` get padding, which
     later writes replace before any query reads them. With `features`, returns (cache, features
     [B, T, hidden]) (see `forward`, also for `feature_layer`; positions before `first` get
-    zeros)."""
+    zeros). `images` = (image embeddings [B, M, hidden], the image token id): image tokens
+    take them (`with_images`) and each image attends to itself both ways, so the prompt goes
+    in one chunk (an image's later tokens must be in the cache when its first attends)."""
     B, T = tokens_BxT.shape
     chunk = min(chunk, cache.max_len)
+    if images is not None:
+        inputs_BxTxD = with_images(params, config, tokens_BxT, *images)
+        blocks_BxT = image_blocks(tokens_BxT, images[1])
+        _, cache, x_BxTxD = forward(params, config, tokens_BxT,
+                                    jnp.broadcast_to(jnp.arange(T), (B, T)), cache, layers,
+                                    features=True, feature_layer=feature_layer,
+                                    inputs_BxSxD=inputs_BxTxD, blocks=(blocks_BxT, blocks_BxT))
+        return (cache, x_BxTxD) if features else cache
     tokens_BxT = jnp.pad(tokens_BxT, ((0, 0), (0, chunk)))  # slices never clamp
     feats_BxTxD = jnp.zeros((B, tokens_BxT.shape[1], config.hidden_size if features else 0))
 
