@@ -69,17 +69,23 @@ def cmd_generate(args):
                         "temperature": 0.0, "chat": False, "seed": 0, "dtype": "auto"})
     if not o.get("prompt"):
         raise SystemExit("jaxspec generate: give --prompt")
+    images = o.get("image")
+    if images and len(o["prompt"]) > 1 and len(images) != len(o["prompt"]):
+        raise SystemExit("jaxspec generate: with several prompts give one --image per prompt")
     model = jaxspec.load(o["model"], dtype=o["dtype"], mesh=_mesh(o))
     kw = dict(max_new_tokens=o["max_new_tokens"], temperature=o["temperature"],
               top_k=o.get("top_k"), top_p=o.get("top_p"), seed=o["seed"], stop=o.get("stop"),
               chat=o["chat"])
+    if images:
+        kw["images"] = [images] if len(o["prompt"]) == 1 else images
     if o.get("drafter"):
         from jaxspec.loading import parse_drafter
 
         d = parse_drafter(o["drafter"], model)
         tree = _tree(o["tree"]) if o.get("tree") else None
         r = jaxspec.speculative_generate(model, d, o["prompt"],
-                                         gamma=None if tree else o.get("gamma"), tree=tree, **kw)
+                                         gamma=None if tree else o.get("gamma"), tree=tree,
+                                         image_placeholder=o.get("image_placeholder"), **kw)
     else:
         r = jaxspec.generate(model, o["prompt"], **kw)
     for text in r.texts:
@@ -210,7 +216,7 @@ def cmd_plan(args):
     model = jaxspec.load(o["model"], dtype=o["dtype"])
     p = plan_drafter(model, o["model"], parse_drafter(o["drafter"], model), o["drafter"],
                      prompts, o["gamma_max"], o["max_new_tokens"], chat=bool(o.get("chat")),
-                     stop=o.get("stop"))
+                     stop=o.get("stop"), images=_images(o))
     print(p.describe())
     if o.get("into"):
         src = o.get("questions") or "--prompt"
@@ -322,6 +328,19 @@ def _prompts(o: dict) -> list[str]:
     return [o["template"].format(prompt=p) for p in prompts[:o["limit"]]]
 
 
+def _images(o: dict) -> list[list[str]] | None:
+    """The images of each of --questions' first --limit questions (paths relative to the
+    file), or of --image for --prompt; None when there are none."""
+    from jaxspec.questions import read_questions
+
+    if o.get("prompt"):
+        return [o["image"]] * len(o["prompt"][:o["limit"]]) if o.get("image") else None
+    base = Path(o["questions"]).parent
+    rows = [[str(base / p) for p in q.get("images", [])]
+            for q in read_questions(o["questions"])[:o["limit"]]]
+    return rows if any(rows) else None
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="jaxspec", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -341,6 +360,11 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int)
     g.add_argument("--stop", action="append", help="a stop string or token id (repeat for several)")
     g.add_argument("--chat", action="store_true", default=None, help="apply the chat template")
+    g.add_argument("--image", action="append", help="an image file for a vision-language "
+                   "target (Gemma 3 4B and larger): repeat for several in one prompt, or give "
+                   "one per --prompt")
+    g.add_argument("--image-placeholder", dest="image_placeholder",
+                   help="text the drafter sees in place of each image (default: none)")
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="Spec-Bench run: baseline and methods, then a report")
@@ -399,6 +423,8 @@ def parser() -> argparse.ArgumentParser:
     n.add_argument("--drafter", help="ngram[:N], layerskip:LAYERS, or a drafter name or path")
     n.add_argument("--into", help="record the measured per-position acceptance in this "
                                   "hidden-state drafter (gamma auto starts from it)")
+    n.add_argument("--image", action="append", help="an image for each --prompt (a "
+                   "vision-language target; questions give theirs in 'images')")
     n.set_defaults(func=cmd_plan)
 
     t = sub.add_parser("tune-layer-skip", help="search the layers a self-speculative drafter "

@@ -164,9 +164,10 @@ def native_dtype(path: Path) -> str:
 
 def load(name_or_path: str | os.PathLike, dtype="auto", cache: bool = True, mesh=None,
          rules=None) -> Model:
-    """Load a registered model name, a `.gguf` file, a Hugging Face directory, or a jaxspec
-    checkpoint directory. Converted GGUF files are cached under `$JAXSPEC_CACHE` (default
-    ~/.cache/jaxspec) and reused.
+    """Load a registered model name, a `.gguf` file, a Hugging Face directory (a Gemma 3
+    vision-language one with its image side, `Model.vision`), a jaxspec checkpoint directory,
+    or "random:NAME", a published shape with random weights (`models.presets`). Converted GGUF
+    files are cached under `$JAXSPEC_CACHE` (default ~/.cache/jaxspec) and reused.
 
     `dtype` is the weights' precision: "auto" (the default: the precision the model was
     trained in, `native_dtype`; bfloat16 for both embedded models), float32, bfloat16 (half
@@ -180,6 +181,8 @@ def load(name_or_path: str | os.PathLike, dtype="auto", cache: bool = True, mesh
     if str(dtype) not in DTYPES and dtype not in (jnp.float32, jnp.bfloat16):
         raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype}")
     name = str(name_or_path)
+    if name.startswith("random:"):
+        return _random(name.removeprefix("random:"), dtype, mesh, rules)
     path = resolve(name)
     if not path.exists():
         raise FileNotFoundError(
@@ -255,6 +258,19 @@ def _vision(path: Path, text_hidden: int, dtype: str, mesh, rules):
     return Vision(vc, params, pre)
 
 
+def _random(preset: str, dtype, mesh, rules) -> Model:
+    """A preset shape with random weights (`models.presets`); Gemma 3 shapes take the embedded
+    Gemma 3 270M's tokenizer, whose ids are the first of theirs."""
+    from jaxspec.models.presets import SHAPES, random_model
+
+    tokenizer = None
+    if SHAPES.get(preset, {}).get("arch") == "gemma3":
+        tokenizer = gguf.load_gguf_tokenizer(_gemma3_path())
+    dtype = "bfloat16" if str(dtype) == "auto" else str(jnp.dtype(dtype))
+    model = random_model(preset, dtype, tokenizer=tokenizer)
+    return model if mesh is None else shard(model, mesh, rules)
+
+
 def shard(model: Model, mesh, rules=None) -> Model:
     """`model` with its params split over `mesh` by `rules` (default `sharding.RULES`), as
     `load(..., mesh=)` places them."""
@@ -303,7 +319,7 @@ def load_drafter(name_or_path: str | os.PathLike, dtype=None,
         dtype = "auto" if target is None else target.params["embed"].dtype
     model = load(name_or_path, dtype)
     ids = store.read_meta(path).get("vocab_ids") if store.is_checkpoint(path) else None
-    return model_drafter(model, None if ids is None else np.asarray(ids, np.int32))
+    return model_drafter(model, None if ids is None else np.asarray(ids, np.int32), target)
 
 
 def parse_layers(spec: str) -> list[int]:

@@ -53,6 +53,9 @@ def _question_problem(obj: Any) -> str | None:
     turns = obj["turns"]
     if not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
         return "'turns' must be a non-empty list of strings"
+    images = obj.get("images", [])
+    if not isinstance(images, list) or not all(isinstance(p, str) and p for p in images):
+        return "'images' must be a list of image file paths"
     return None
 
 

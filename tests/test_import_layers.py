@@ -12,7 +12,7 @@ import jaxspec
 ROOT = pathlib.Path(jaxspec.__file__).parent
 LAYERS = [
     ("base", ("jaxspec.errors", "jaxspec.files", "jaxspec.config", "jaxspec.archs",
-              "jaxspec.cpu_flags", "jaxspec.questions")),
+              "jaxspec.cpu_flags", "jaxspec.questions", "jaxspec.images")),
     ("models", ("jaxspec.models", "jaxspec.sharding")),
     ("checkpoints", ("jaxspec.checkpoints",)),
     ("loop", ("jaxspec.decoding.sampling", "jaxspec.decoding.trees", "jaxspec.decoding.plan",
@@ -20,7 +20,8 @@ LAYERS = [
               "jaxspec.decoding.xla_cache", "jaxspec.drafters.base")),
     ("drafters", ("jaxspec.drafters",)),
     ("loading", ("jaxspec.loading",)),
-    ("runner", ("jaxspec.decoding.runner", "jaxspec.decoding.memory")),
+    ("runner", ("jaxspec.decoding.runner", "jaxspec.decoding.memory",
+                "jaxspec.decoding.image_prompts")),
     ("step costs", ("jaxspec.decoding.profile",)),
     ("api", ("jaxspec.decoding.api",)),
     ("tuning and routing", ("jaxspec.decoding.skip_search", "jaxspec.decoding.tree_search",

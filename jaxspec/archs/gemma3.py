@@ -5,6 +5,13 @@ from jaxspec.archs.base import LAYER_NAMES, QK_NORM_NAMES, Arch, hf_rope, rope_s
 from jaxspec.errors import UserError
 
 PATTERN = 6  # every sixth layer attends globally
+# transformers' Gemma3TextConfig defaults: the vision models' config.json gives only what
+# differs from them in its text_config.
+TEXT_DEFAULTS = {"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+                 "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4,
+                 "head_dim": 256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+                 "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2,
+                 "query_pre_attn_scalar": 256, "sliding_window": 4096}
 
 
 def from_hf(hf: dict, head_dim: int) -> dict:

@@ -18,12 +18,9 @@ from pathlib import Path
 
 import jax
 
-GEMMA3_270M = {"arch": "gemma3", "vocab_size": 262144, "hidden_size": 640, "num_layers": 18,
-               "num_heads": 4, "num_kv_heads": 1, "head_dim": 256, "intermediate_size": 2048,
-               "rms_eps": 1e-6, "rope_theta": 1e6, "rope_local_theta": 1e4,
-               "sliding_window": 512, "layer_types": (["sliding"] * 5 + ["full"]) * 3,
-               "query_scale": 0.0625, "max_position": 32768, "bos_token_id": 2,
-               "eos_token_ids": [1]}
+from jaxspec.models.presets import SHAPES
+
+GEMMA3_270M = SHAPES["gemma3-270m"]
 TINY = {**GEMMA3_270M, "vocab_size": 512, "hidden_size": 64, "num_layers": 2, "num_heads": 2,
         "head_dim": 32, "intermediate_size": 128, "layer_types": ["sliding", "full"]}
 

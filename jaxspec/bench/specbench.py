@@ -109,12 +109,14 @@ class _JaxRunner:
         if method.kind != "ar":
             self.drafter = parse_drafter(f"{method.kind}:{method.arg or ''}", target)
 
-    def __call__(self, prompt: str, max_new_tokens: int, seed: int, remember: bool = True):
-        """`remember`: whether gamma "auto" keeps what this call measured (not a warm-up's)."""
+    def __call__(self, prompt: str, max_new_tokens: int, seed: int, remember: bool = True,
+                 images=None):
+        """`remember`: whether gamma "auto" keeps what this call measured (not a warm-up's);
+        `images`: the prompt's image files (a vision-language target)."""
         import jaxspec
 
         kw = dict(max_new_tokens=max_new_tokens, temperature=self.method.temperature, seed=seed,
-                  stop=self.stop, chat=self.chat)
+                  stop=self.stop, chat=self.chat, images=[images] if images else None)
         if self.drafter is None:
             r = jaxspec.generate(self.target, [prompt], **kw)
         else:
@@ -136,6 +138,8 @@ def run_bench(target: str, questions: str, methods: Sequence[Method], out_dir: s
     import jaxspec
 
     qs = read_questions(questions)[:limit]
+    base = Path(questions).parent
+    images = {q["question_id"]: [str(base / p) for p in q.get("images", [])] for q in qs}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = jaxspec.load(target, dtype=dtype, mesh=mesh)
@@ -152,6 +156,9 @@ def run_bench(target: str, questions: str, methods: Sequence[Method], out_dir: s
         todo = [q for q in qs if q["question_id"] not in done[m.name]]
         if not todo:
             continue
+        if any(images.values()) and (m.kind.startswith(("hf", "llama.cpp"))
+                                     or (m.kind == "ar" and m.arg == "int8")):
+            raise UserError(f"method {m.name} does not take images; the questions hold some")
         if m.kind.startswith("hf"):
             from jaxspec.bench.hf_baseline import HFRunner
             runners[m.name] = HFRunner(target, model, m, chat, stop)
@@ -164,16 +171,19 @@ def run_bench(target: str, questions: str, methods: Sequence[Method], out_dir: s
             runners[m.name] = _JaxRunner(model, m, chat, stop)
         warm_up = template.format(prompt=todo[0]["turns"][0])
         # Compiles on the first question: gamma "auto" must not learn from it before timing it.
-        kw = {"remember": False} if isinstance(runners[m.name], _JaxRunner) else {}
+        kw = ({"remember": False, "images": images[todo[0]["question_id"]]}
+              if isinstance(runners[m.name], _JaxRunner) else {})
         runners[m.name](warm_up, max_new_tokens, seed, **kw)
     for q in tqdm(qs, desc=", ".join(runners) or "done", unit="q", file=sys.stderr):
         for m in methods:
             if m.name not in runners or q["question_id"] in done[m.name]:
                 continue
             turns, new, wall, accept, compile_s = [], [], [], [], 0.0
-            for turn in q["turns"]:
+            for i, turn in enumerate(q["turns"]):
+                kw = {"images": images[q["question_id"]]} if i == 0 and images[
+                    q["question_id"]] else {}
                 text, n, t, acc, c = runners[m.name](template.format(prompt=turn),
-                                                     max_new_tokens, seed)
+                                                     max_new_tokens, seed, **kw)
                 turns.append(text), new.append(n), wall.append(t), accept.extend(acc)
                 compile_s += c
             record = {"question_id": q["question_id"], "category": q["category"],

@@ -106,7 +106,12 @@ def hf_state_from_params(params: dict, config: ModelConfig) -> dict[str, np.ndar
 def config_from_hf(hf: dict) -> ModelConfig:
     """A transformers config.json dict -> ModelConfig."""
     if "text_config" in hf:  # multimodal wrapper (e.g. Gemma3ForConditionalGeneration)
-        hf = {**hf["text_config"], "model_type": hf["text_config"].get("model_type", "gemma3_text")}
+        from jaxspec.archs.gemma3 import TEXT_DEFAULTS
+
+        outer = {k: hf[k] for k in ("eos_token_id", "bos_token_id", "pad_token_id") if k in hf}
+        text = {**outer, **hf["text_config"]}
+        defaults = TEXT_DEFAULTS if hf.get("model_type") == "gemma3" else {}
+        hf = {**defaults, **text, "model_type": text.get("model_type", "gemma3_text")}
     arch = archs.for_hf(hf.get("model_type"))
     eos = hf.get("eos_token_id")
     eos = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())

@@ -98,6 +98,6 @@ def _measured_costs(target, drafter, gamma_max: int) -> list[float]:
     """The step costs of draft lengths 0..gamma_max measured in the decode loop (and cached) for
     this target and drafter, or one that costs the same (`cost_key`), on this machine."""
     check_auto(drafter)
-    drafter = as_drafter(drafter)
+    drafter = as_drafter(drafter, target)
     key = drafter.spec.cost_key or drafter.name
     return profile.step_costs(target, target.name, drafter, key, gamma_max)

@@ -232,13 +232,15 @@ def format_profile(r: dict) -> str:
 
 
 def plan_drafter(target, target_name: str, drafter, drafter_name: str, prompts,
-                 gamma_max: int = 8, max_new_tokens: int = 64, stop=None, chat: bool = False):
-    """`Plan` for `drafter` on `target`: acceptance measured on `prompts` at draft length
-    `gamma_max`, step costs measured in the decode loop (cached)."""
+                 gamma_max: int = 8, max_new_tokens: int = 64, stop=None, chat: bool = False,
+                 images=None):
+    """`Plan` for `drafter` on `target`: acceptance measured on `prompts` (with `images`, one
+    entry per prompt, for a vision-language target) at draft length `gamma_max`, step costs
+    measured in the decode loop (cached)."""
     if not 1 <= gamma_max < SIZES[-1]:
         raise UserError(f"gamma_max must be in [1, {SIZES[-1] - 1}], got {gamma_max}")
     costs_G1 = step_costs(target, target_name, drafter, drafter_name, gamma_max)
     r = runner.DECODER(target, drafter, prompts, gamma=gamma_max, max_new_tokens=max_new_tokens,
-                       sampling=Sampling(), seed=0, stop=stop, chat=chat)
+                       sampling=Sampling(), seed=0, stop=stop, chat=chat, images=images)
     accept_G = per_position_acceptance(r.accept_lengths, gamma_max)
     return plan(accept_G, costs_G1, range(gamma_max + 1))

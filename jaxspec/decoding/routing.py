@@ -140,7 +140,7 @@ class Router:
                 drafter = parse_drafter(spec, self.target)
             else:
                 _check_tokenizers(self.target, spec)
-                drafter = as_drafter(spec)
+                drafter = as_drafter(spec, self.target)
                 label = drafter.name or label
             drafter.spec.validate(drafter.params, self.target)
         except (FileNotFoundError, UserError) as e:

@@ -141,7 +141,7 @@ def acceptance(target, drafter, prompts, width: int, depth: int, max_new_tokens:
     """p[d][r] of `drafter` for `target`, greedy, on the target's own continuations of `prompts`
     (module docstring); `generate_kw`: chat, stop."""
     positive(width=width, depth=depth)
-    drafter = as_drafter(drafter)
+    drafter = as_drafter(drafter, target)
     if not drafter.spec.drafts_trees:
         raise UserError(f"drafter {type(drafter.spec).__name__} cannot draft trees")
     drafter.spec.validate(drafter.params, target)

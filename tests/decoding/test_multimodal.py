@@ -297,3 +297,124 @@ def test_logits_match_transformers(hf_dir, images):
         want = ref(input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([ids]).eq(261).long(),
                    pixel_values=torch.tensor(pixels).permute(0, 3, 1, 2)).logits[0].numpy()
     np.testing.assert_allclose(np.asarray(got[0]), want, atol=1e-4, rtol=1e-4)
+
+
+def test_vision_weights_in_the_hub_layout(hf_dir):
+    """Checkpoints written by older transformers name the tower vision_tower.vision_model.*:
+    both layouts give the same params."""
+    from safetensors.numpy import load_file
+
+    from jaxspec.checkpoints import hf
+
+    state = load_file(str(hf_dir[0] / "model.safetensors"))
+    vc = hf.vision_config_from_hf(json.loads((hf_dir[0] / "config.json").read_text()))
+    old = {k.replace("vision_tower.", "vision_tower.vision_model.", 1): v
+           for k, v in state.items()}
+    a = hf.vision_params_from_hf_state(state.__getitem__, vc)
+    b = hf.vision_params_from_hf_state(old.__getitem__, vc)
+    assert jax.tree.all(jax.tree.map(np.array_equal, a, b))
+    with pytest.raises(ValueError, match="checkpoint has no tensor"):
+        hf.vision_params_from_hf_state({}.__getitem__, vc)
+
+
+def test_cli_and_bench_take_images(hf_dir, images, tmp_path, capsys):
+    """`jaxspec generate --image` and a question file whose questions hold images, with the
+    n-gram drafter: the same text as plain decoding."""
+    from PIL import Image
+
+    from jaxspec import cli
+    from jaxspec.bench.specbench import Method, run_bench
+    from jaxspec.questions import read_answers
+
+    for i, im in enumerate(images[:2]):
+        Image.fromarray(im).save(tmp_path / f"im{i}.png")
+    path = str(hf_dir[0])
+    args = ["generate", "--model", path, "--prompt", "<start_of_image>Look:",
+            "--image", str(tmp_path / "im0.png"), "--max-new-tokens", "8", "--dtype", "float32"]
+    cli.main(args)
+    plain = capsys.readouterr().out
+    cli.main(args + ["--drafter", "ngram", "--gamma", "2", "--image-placeholder", "[img]"])
+    assert capsys.readouterr().out == plain
+    qs = tmp_path / "vqa.jsonl"
+    qs.write_text("".join(json.dumps({"question_id": i, "category": "vqa",
+                                      "turns": ["What is this?"], "images": [f"im{i}.png"]})
+                          + "\n" for i in range(2)))
+    methods = [Method("ar"), Method("ngram", gamma=2)]
+    files = run_bench(path, str(qs), methods, str(tmp_path / "out"), max_new_tokens=6,
+                      dtype="float32")
+    ar, ng = (read_answers(files[m.name]) for m in methods)
+    assert [a["choices"][0]["turns"] for a in ar] == [a["choices"][0]["turns"] for a in ng]
+    assert len(ar) == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question_id": 0, "category": "vqa", "turns": ["x"],
+                               "images": "im0.png"}) + "\n")
+    with pytest.raises(ValueError, match="'images' must be a list"):
+        run_bench(path, str(bad), [Method("ar")], str(tmp_path / "out2"), max_new_tokens=2)
+
+
+def test_launch_script_runs_on_a_tiny_vision_model(hf_dir, images, tmp_path):
+    """launch/gemma3_vision.sh end to end (check, plan, bench) with the tiny model and the
+    n-gram drafter: what a user with Gemma 3 4B weights runs on a GPU."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from PIL import Image
+
+    Image.fromarray(images[0]).save(tmp_path / "a.png")
+    qs = tmp_path / "q.jsonl"
+    qs.write_text(json.dumps({"question_id": 0, "category": "caption", "turns": ["Describe."],
+                              "images": ["a.png"]}) + "\n")
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, JAXSPEC=str(Path(sys.executable).parent / "jaxspec"),
+               JAXSPEC_CACHE=str(tmp_path / "cache"))
+    p = subprocess.run(["bash", str(root / "launch/gemma3_vision.sh"), "--model", str(hf_dir[0]),
+                        "--questions", str(qs), "--drafter", "ngram:3", "--gammas", "2",
+                        "--out", str(tmp_path / "out")], capture_output=True, text=True,
+                       env=env, timeout=900, cwd=root)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "step cost by gamma" in p.stdout
+    assert len(list((tmp_path / "out").rglob("*.jsonl"))) == 2  # plain and the drafter
+
+
+def test_auto_gamma_and_a_mesh_with_images(target, text_drafter, images, plain, tmp_path,
+                                           monkeypatch):
+    """gamma="auto" (its step costs measured for the prefix-vocabulary drafter) and a target
+    split over a mesh, image side included: the same tokens."""
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path))
+    out = jaxspec.speculative_generate(target, text_drafter, PROMPTS, images=images[:2],
+                                       gamma="auto", gamma_max=3, max_new_tokens=[24, 17])
+    assert out.token_ids == plain.token_ids
+    from jaxspec.loading import shard
+    from jaxspec.sharding import make_mesh
+
+    mesh = make_mesh()
+    sharded = shard(target, mesh)
+    assert jax.tree.leaves(sharded.vision.params)[0].sharding.mesh == mesh
+    out = jaxspec.generate(sharded, PROMPTS, images=images[:2], max_new_tokens=[24, 17])
+    assert out.token_ids == plain.token_ids
+
+
+def test_gemma3_4b_config_and_its_preset():
+    """Gemma 3 4B's config.json gives its text side only where it differs from transformers'
+    defaults: read with them it is the `random:gemma3-4b` preset's shape (end-of-turn 106
+    aside, which the preset leaves out)."""
+    from jaxspec.checkpoints import hf
+    from jaxspec.models.presets import SHAPES, VISION
+
+    published = {
+        "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+        "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+        "mm_tokens_per_image": 256, "model_type": "gemma3",
+        "text_config": {"hidden_size": 2560, "intermediate_size": 10240,
+                        "model_type": "gemma3_text", "num_hidden_layers": 34,
+                        "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                        "sliding_window": 1024},
+        "vision_config": {"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                          "model_type": "siglip_vision_model", "num_attention_heads": 16,
+                          "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": False}}
+    got = hf.config_from_hf(published)
+    assert got.eos_token_ids == (1, 106)
+    assert got.replace(eos_token_ids=(1,)) == jaxspec.ModelConfig.from_dict(SHAPES["gemma3-4b"])
+    assert hf.vision_config_from_hf(published) == VISION["gemma3-4b"]
