@@ -125,7 +125,8 @@ def cmd_bench(args):
             run["target"], run["questions"], methods, str(out),
             max_new_tokens=run["max_new_tokens"], template=run.get("template") or "{prompt}",
             chat=bool(run.get("chat")), stop=run.get("stop"), limit=run["limit"],
-            seed=run["seed"], dtype=run["dtype"], mesh=mesh)
+            seed=run["seed"], dtype=run["dtype"], mesh=mesh,
+            image_placeholder=run.get("image_placeholder"))
         baseline = next(m.name for m in methods if m.kind == "ar" and m.temperature ==
                         run["temperatures"][0])
         refs = read_references(run["references"]) if run.get("references") else None
@@ -383,6 +384,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--limit", type=int, help="only the first N questions")
     b.add_argument("--out-dir", dest="out_dir", help="where answers and reports go")
     b.add_argument("--references", help="JSONL of {question_id, reference}: adds chrF/BLEU")
+    b.add_argument("--image-placeholder", dest="image_placeholder",
+                   help="text drafters read in place of the questions' images (default: none)")
     b.set_defaults(func=cmd_bench)
 
     r = sub.add_parser("report", help="speedup and tau from model_answer files")

@@ -17,7 +17,7 @@
 #
 # The 270M drafter's 262144 ids are the first of the 4B's 262208 (checked through both
 # tokenizers); it never sees the image: each is dropped from its text (bench method
-# "gemma3-270m"), as in Gagrani et al. 2024.
+# "drafter:gemma3-270m"), as in Gagrani et al. 2024; a second bench gives it "an image" there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model="" questions="" image="" out="runs/gemma3-vision" drafter="gemma3-270m" gammas="4 auto"
@@ -50,3 +50,8 @@ case "$drafter" in ngram*|layerskip*|lookahead*) method="$drafter" ;; *) method=
 # shellcheck disable=SC2086
 "$jaxspec" bench --target "$model" --dtype bfloat16 --questions "$questions" --out-dir "$out" \
   --methods ar "$method" --gammas $gammas --max-new-tokens 128
+# The same with the drafter reading a short text where each image was (the other way).
+# shellcheck disable=SC2086
+"$jaxspec" bench --target "$model" --dtype bfloat16 --questions "$questions" \
+  --out-dir "$out/placeholder" --methods ar "$method" --gammas $gammas --max-new-tokens 128 \
+  --image-placeholder "an image"

@@ -101,10 +101,11 @@ def parse_methods(specs: Sequence[str], gammas: Sequence[int | str],
 
 
 class _JaxRunner:
-    def __init__(self, target, method: Method, chat: bool, stop):
+    def __init__(self, target, method: Method, chat: bool, stop, image_placeholder=None):
         from jaxspec.loading import parse_drafter
 
         self.target, self.method, self.chat, self.stop = target, method, chat, stop
+        self.image_placeholder = image_placeholder
         self.drafter = None
         if method.kind != "ar":
             self.drafter = parse_drafter(f"{method.kind}:{method.arg or ''}", target)
@@ -122,7 +123,8 @@ class _JaxRunner:
         else:
             r = jaxspec.speculative_generate(self.target, self.drafter, [prompt],
                                              gamma=self.method.gamma or None,
-                                             tree=self.method.tree, remember=remember, **kw)
+                                             tree=self.method.tree, remember=remember,
+                                             image_placeholder=self.image_placeholder, **kw)
         return r.texts[0], len(r.token_ids[0]), r.wall_time_s, r.accept_lengths[0], \
             r.compile_time_s
 
@@ -130,11 +132,12 @@ class _JaxRunner:
 def run_bench(target: str, questions: str, methods: Sequence[Method], out_dir: str, *,
               max_new_tokens: int = 64, template: str = "{prompt}", chat: bool = False,
               stop=None, limit: int | None = None, seed: int = 0,
-              dtype: str = "auto", mesh=None) -> dict[str, Path]:
+              dtype: str = "auto", mesh=None, image_placeholder=None) -> dict[str, Path]:
     """Answer every question with every method; returns {method name: answer file}. The
     methods take turns on each question, so a burst of noise on the machine (minutes long on
     this shared CPU: the same method measured 10.1 s and 12.6 s in two runs) falls on all of
-    them rather than on one. With a `mesh`, the target is loaded onto it and decodes over it."""
+    them rather than on one. With a `mesh`, the target is loaded onto it and decodes over it.
+    `image_placeholder`: what drafters read in place of the questions' images (none: dropped)."""
     import jaxspec
 
     qs = read_questions(questions)[:limit]
@@ -168,7 +171,7 @@ def run_bench(target: str, questions: str, methods: Sequence[Method], out_dir: s
         elif m.kind == "ar" and m.arg == "int8":
             runners[m.name] = _JaxRunner(jaxspec.load(target, dtype="int8"), m, chat, stop)
         else:
-            runners[m.name] = _JaxRunner(model, m, chat, stop)
+            runners[m.name] = _JaxRunner(model, m, chat, stop, image_placeholder)
         warm_up = template.format(prompt=todo[0]["turns"][0])
         # Compiles on the first question: gamma "auto" must not learn from it before timing it.
         kw = ({"remember": False, "images": images[todo[0]["question_id"]]}
