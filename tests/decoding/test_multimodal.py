@@ -104,6 +104,14 @@ def test_tree_drafts_with_images(target, text_drafter, images, plain):
     assert out.token_ids == plain.token_ids and out.tau >= 1.3
 
 
+def test_a_batch_where_one_row_has_no_image(target, text_drafter, images):
+    prompts = ["Plain text, no picture: A", PROMPTS[1]]
+    plain = jaxspec.generate(target, prompts, images=[None, images[1]], max_new_tokens=[20, 17])
+    out = jaxspec.speculative_generate(target, text_drafter, prompts, images=[None, images[1]],
+                                       gamma=3, max_new_tokens=[20, 17])
+    assert out.token_ids == plain.token_ids
+
+
 def test_prompt_already_expanded_by_the_processor(target, images, plain):
     """Token ids that hold the image tokens (transformers' processor's output) go in as they
     are: the same tokens as the marker expanded here."""
