@@ -102,6 +102,9 @@ def test_tree_drafts_with_images(target, text_drafter, images, plain):
                                        tree=[(0,), (1,), (0, 0), (0, 0, 0)],
                                        max_new_tokens=[24, 17])
     assert out.token_ids == plain.token_ids and out.tau >= 1.3
+    look = jaxspec.speculative_generate(target, jaxspec.lookahead_drafter(3, 3, 3), PROMPTS,
+                                        images=images[:2], max_new_tokens=[24, 17])
+    assert look.token_ids == plain.token_ids  # a drafter with a shape and state of its own
 
 
 def test_a_batch_where_one_row_has_no_image(target, text_drafter, images):
