@@ -332,13 +332,11 @@ def _prompts(o: dict) -> list[str]:
 def _images(o: dict) -> list[list[str]] | None:
     """The images of each of --questions' first --limit questions (paths relative to the
     file), or of --image for --prompt; None when there are none."""
-    from jaxspec.questions import read_questions
+    from jaxspec.questions import image_paths, read_questions
 
     if o.get("prompt"):
         return [o["image"]] * len(o["prompt"][:o["limit"]]) if o.get("image") else None
-    base = Path(o["questions"]).parent
-    rows = [[str(base / p) for p in q.get("images", [])]
-            for q in read_questions(o["questions"])[:o["limit"]]]
+    rows = [image_paths(o["questions"], q) for q in read_questions(o["questions"])[:o["limit"]]]
     return rows if any(rows) else None
 
 

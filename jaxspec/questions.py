@@ -216,3 +216,8 @@ def read_references(path: PathLike) -> dict[Any, str]:
             raise UserError(f"{path}:{lineno}: expected {{\"question_id\", \"reference\"}}")
         refs[obj["question_id"]] = obj["reference"]
     return refs
+
+
+def image_paths(questions: PathLike, question: dict) -> list[str]:
+    """A question's images, as paths (they are written relative to its question file)."""
+    return [str(Path(questions).parent / p) for p in question.get("images", [])]

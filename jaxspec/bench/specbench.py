@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from jaxspec.decoding.trees import DynamicTree
 from jaxspec.errors import UserError
-from jaxspec.questions import append_answer, done_question_ids, read_questions
+from jaxspec.questions import append_answer, done_question_ids, image_paths, read_questions
 
 KINDS = ("ar", "ngram", "layerskip", "drafter", "lookahead", "hf", "hf-assisted", "llama.cpp",
          "llama.cpp-lookup")
@@ -141,8 +141,7 @@ def run_bench(target: str, questions: str, methods: Sequence[Method], out_dir: s
     import jaxspec
 
     qs = read_questions(questions)[:limit]
-    base = Path(questions).parent
-    images = {q["question_id"]: [str(base / p) for p in q.get("images", [])] for q in qs}
+    images = {q["question_id"]: image_paths(questions, q) for q in qs}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = jaxspec.load(target, dtype=dtype, mesh=mesh)
@@ -182,7 +181,7 @@ def run_bench(target: str, questions: str, methods: Sequence[Method], out_dir: s
             if m.name not in runners or q["question_id"] in done[m.name]:
                 continue
             turns, new, wall, accept, compile_s = [], [], [], [], 0.0
-            for i, turn in enumerate(q["turns"]):
+            for i, turn in enumerate(q["turns"]):  # the images go with the first turn
                 kw = {"images": images[q["question_id"]]} if i == 0 and images[
                     q["question_id"]] else {}
                 text, n, t, acc, c = runners[m.name](template.format(prompt=turn),

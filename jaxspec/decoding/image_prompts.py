@@ -10,11 +10,8 @@ markers gets one per image at its start (after BOS). A row that already holds im
 
 from __future__ import annotations
 
-import functools
 import os
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.errors import UserError
@@ -68,30 +65,30 @@ def expand(model, ids: list[int], n_images: int) -> list[int]:
     return out + ids[last:]
 
 
-@functools.partial(jax.jit, static_argnames="vc")
-def _encode(params, pixels_NxHxWx3, vc):
-    from jaxspec.models.vision import encode
-
-    return encode(params, vc, pixels_NxHxWx3)
-
-
-def embeddings(model, rows: list[list], batch: int) -> np.ndarray:
-    """Each row's image embeddings in order [batch, max images * tokens_per_image, hidden]
-    (zeros past a row's images and for padding rows)."""
+def pixels(model, rows: list[list]) -> np.ndarray:
+    """Every row's images in order, prepared for the model's vision encoder [N, S, S, 3]."""
     from jaxspec.images import prepare
 
-    vis = model.vision
-    vc, M = vis.config, vis.config.tokens_per_image
-    flat = [im for row in rows for im in row]
-    pixels = prepare(flat, vis.preprocess)
-    emb_NxMxD = np.asarray(_encode(vis.params, jnp.asarray(pixels), vc))
-    K = max(1, max(len(row) for row in rows))
-    out = np.zeros((batch, K * M, emb_NxMxD.shape[-1]), np.float32)
+    return prepare([im for row in rows for im in row], model.vision.preprocess)
+
+
+def encode(vision_params, pixels_NxHxWx3, *, config):
+    """Image embeddings [N, tokens_per_image, D] (jit with the `VisionConfig` static)."""
+    from jaxspec.models.vision import encode as encode_images
+
+    return encode_images(vision_params, config, pixels_NxHxWx3)
+
+
+def arrange(emb_NxMxD, rows: list[list], batch: int) -> np.ndarray:
+    """Each row's image embeddings in order [batch, max images * M, D] (zeros past a row's
+    images and for padding rows)."""
+    emb_NxMxD = np.asarray(emb_NxMxD)
+    M = emb_NxMxD.shape[1]
+    out = np.zeros((batch, max(1, max(map(len, rows))) * M, emb_NxMxD.shape[-1]), np.float32)
     n = 0
     for b, row in enumerate(rows):
-        for k in range(len(row)):
-            out[b, k * M:(k + 1) * M] = emb_NxMxD[n]
-            n += 1
+        out[b, :len(row) * M] = emb_NxMxD[n:n + len(row)].reshape(-1, emb_NxMxD.shape[-1])
+        n += len(row)
     return out
 
 

@@ -320,18 +320,29 @@ class Decoder:
             prior = _replicated(target, start_counts(remembered, drafter.tuned_accept, gamma))
             costs_G1 = _replicated(target, np.asarray(costs_G1, np.float32))
         args += (prior, jax.tree.map(lambda a: _replicated(target, a), stop_data), costs_G1)
+        images_s = images_compile_s = 0.0  # a request's images are prepared and encoded in it
         if image_rows is not None:
-            args += _rows(target, image_prompts.embeddings(target, image_rows, len(tokens)))
+            t0 = time.perf_counter()
+            vis, pix = target.vision, image_prompts.pixels(target, image_rows)
+            images_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            encode = self._executable(dict(config=vis.config), (vis.params, pix),
+                                      image_prompts.encode, model=target)
+            images_compile_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            args += _rows(target, image_prompts.arrange(encode(vis.params, pix), image_rows,
+                                                        len(tokens)))
+            images_s += time.perf_counter() - t0
         def check():
             from jaxspec.decoding import memory  # also a `python -m` entry: import when used
 
             memory.check_decode(target, drafter, len(tokens), T, gamma)
         t0 = time.perf_counter()
         run = self._executable(statics, args, model=target, check=check)
-        compile_s = time.perf_counter() - t0
+        compile_s = time.perf_counter() - t0 + images_compile_s
         t0 = time.perf_counter()
         state = jax.block_until_ready(run(*args))
-        wall = time.perf_counter() - t0
+        wall = time.perf_counter() - t0 + images_s
         result = _result(target, state, len(ids), gamma, wall, compile_s, stop_strings)
         if memory_key is not None and remember:
             self.acceptance.update(memory_key, result.accept_lengths, result.draft_lengths, gamma)

@@ -38,6 +38,13 @@ def image_tokenizer():
     return tok
 
 
+def embeddings(model, rows):
+    """Each row's image embeddings [rows, images * M, D], as the decoder prepares them."""
+    pix = image_prompts.pixels(model, rows)
+    emb = image_prompts.encode(model.vision.params, jnp.asarray(pix), config=model.vision.config)
+    return image_prompts.arrange(emb, rows, len(rows))
+
+
 @pytest.fixture(scope="module")
 def target():
     cfg = jaxspec.ModelConfig(
@@ -75,9 +82,15 @@ def drafters(target, text_drafter):
 
 
 def test_images_change_what_the_target_writes(target, images, plain):
+    """Other images of the same count run the executables compiled for the first (the image
+    encoder's among them: the decoder counts it)."""
+    from jaxspec.decoding import runner
+
+    compiles = runner.DECODER.compiles
     other = jaxspec.generate(target, PROMPTS, images=[images[2], images[2]],
                              max_new_tokens=[24, 17])
     assert all(a != b for a, b in zip(plain.token_ids, other.token_ids))
+    assert runner.DECODER.compiles == compiles and other.compile_time_s < plain.compile_time_s
     text = jaxspec.generate(target, [PROMPTS[0]], max_new_tokens=24)
     assert text.token_ids[0] != plain.token_ids[0]
 
@@ -185,7 +198,7 @@ def test_sampling_with_images_has_the_targets_distribution(exact):
     drafter = jaxspec.Model(cfg, init_params(cfg, jax.random.key(21), std=0.15), None, "d")
     image = np.random.RandomState(1).randint(0, 256, (16, 16, 3), np.uint8)
     prompt = image_prompts.expand(target, [1, 2, 5, 3, 4], 1)
-    emb = jnp.asarray(image_prompts.embeddings(target, [[image]], 1))
+    emb = jnp.asarray(embeddings(target, [[image]]))
     s = Sampling(temperature=1.0)
 
     def last(seqs, emb=emb):
@@ -295,7 +308,7 @@ def test_logits_match_transformers(hf_dir, images):
     model = jaxspec.load(path, dtype="float32")
     assert model.vision is not None and model.vision.config.tokens_per_image == 4
     ids = [2, 5, 6, 259] + [261] * 4 + [260, 7, 8, 259] + [261] * 4 + [260, 9, 10, 11, 12, 13]
-    emb = jnp.asarray(image_prompts.embeddings(model, [images[:2]], 1))
+    emb = jnp.asarray(embeddings(model, [images[:2]]))
     tok = jnp.asarray([ids])
     blocks = transformer.image_blocks(tok, 261)
     x = transformer.with_images(model.params, model.config, tok, emb, 261)
