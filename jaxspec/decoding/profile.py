@@ -97,11 +97,13 @@ def loop_ms(target, drafter, G: int, tokens: int = 6, rounds: int = 3) -> list[f
     step (g = 0, `generate`), and steps of the very loop gamma="auto" with drafts of up to G then
     runs (one compiled function: the step costs are its data), each length forced by costs that
     make every other length hopeless. A sample is the slope of wall time against steps between
-    a one-token and a `tokens` output of one prompt, taken back to back. On a small shared
-    machine the speed drifts by 10% over seconds, so each drafting sample is paired with a plain
-    one taken just before it, and the costs come from those ratios: the plain step is the median
-    of its samples, and a drafting step that times the least squares line a + b * g through each
-    length's median ratio (drafting costs a fixed part and a part per drafted token)."""
+    a one-token and a `tokens` output of one prompt, taken back to back (a slope the timer
+    cannot resolve, as a tiny model's, is taken again over longer outputs, then from the whole
+    longer call). On a small shared machine the speed drifts by 10% over seconds, so each
+    drafting sample is paired with a plain one taken just before it, and the costs come from
+    those ratios: the plain step is the median of its samples, and a drafting step that times
+    the least squares line a + b * g through each length's median ratio (drafting costs a fixed
+    part and a part per drafted token)."""
     prompt = [[2 + i % 11 for i in range(16)]]
 
     def call(g: int, n: int):
@@ -114,9 +116,14 @@ def loop_ms(target, drafter, G: int, tokens: int = 6, rounds: int = 3) -> list[f
                               costs=forced_G1, remember=False, **kw)
 
     def sample(g: int) -> float:
-        short, long = call(g, 1), call(g, tokens)
-        steps = len(long.accept_lengths[0]) - len(short.accept_lengths[0])
-        return 1e3 * max(long.wall_time_s - short.wall_time_s, 1e-9) / max(steps, 1)
+        n = tokens
+        for _ in range(3):  # a step below the timer's noise (a tiny model): longer outputs
+            short, long = call(g, 1), call(g, n)
+            steps = len(long.accept_lengths[0]) - len(short.accept_lengths[0])
+            if long.wall_time_s > short.wall_time_s and steps > 0:
+                return 1e3 * (long.wall_time_s - short.wall_time_s) / steps
+            n *= 2
+        return 1e3 * long.wall_time_s / len(long.accept_lengths[0])  # the whole call, per step
 
     call(0, 1), call(1, 1)  # an executable's first run is slow: not a sample
     plain, ratios = [], {g: [] for g in range(1, G + 1)}
@@ -207,7 +214,7 @@ def step_costs(model, model_name: str, drafter, drafter_name: str, gamma_max: in
         t0 = time.perf_counter()
         ms = loop_ms(model, drafter, gamma_max)
         result = {"model": model_name, "dtype": dtype, "drafter": drafter_name,
-                  "machine": machine_id(), "loop_ms": [round(t, 4) for t in ms],
+                  "machine": machine_id(), "loop_ms": [float(f"{t:.4g}") for t in ms],
                   "seconds": round(time.perf_counter() - t0, 1)}
         _write(path, result)
     ms = result["loop_ms"]

@@ -88,3 +88,25 @@ def test_a_damaged_profile_is_measured_again(model, tmp_path, monkeypatch, capsy
     path.write_text('{"model": "tiny"}')  # valid JSON without the measurements
     again = prof.profile(model, "tiny")
     assert again.keys() == first.keys() and "rebuilding it" in capsys.readouterr().err
+
+
+def test_loop_steps_below_the_timers_noise_still_cost_something(monkeypatch):
+    """A tiny model's step can time no slower over 6 tokens than over 1 (noise): the sample is
+    taken again over longer outputs, then from the whole call, never as zero (a zero plain step
+    divided the step costs by zero)."""
+    import types
+
+    from jaxspec.decoding import runner
+
+    calls = []
+
+    def decoder(target, drafter, prompt, **kw):
+        calls.append(kw["max_new_tokens"])
+        return types.SimpleNamespace(accept_lengths=[[1] * kw["max_new_tokens"]],
+                                     wall_time_s=0.002)  # as fast for 1 token as for 24
+
+    monkeypatch.setattr(runner, "DECODER", decoder)
+    ms = prof.loop_ms(None, None, 2, tokens=6, rounds=1)
+    assert len(ms) == 3 and all(t > 0 for t in ms)
+    assert ms[0] == pytest.approx(2.0 / 24)  # the whole 24-token call, per step
+    assert {6, 12, 24} <= set(calls)
