@@ -179,8 +179,9 @@ def attention(q_BxSxQxH, k_BxTxJxH, v_BxTxJxH, positions_BxS, scale: float, wind
     A query at position p sees slots t <= p, and with a sliding `window` (an int, or None)
     only t > p - window (static). `blocks` = (the queries' block ids [B, S], the slots' [B, T];
     -1: none) also lets a query see every slot of its own block, later ones too (an image's
-    tokens attend to each other both ways), within the window. `view` (from `tree_view`) gives the slots' positions and a
-    visibility mask when the cache holds a token tree; by default slot t holds position t.
+    tokens attend to each other both ways), within the window. `view` (from `tree_view`) gives
+    the slots' positions and a visibility mask when the cache holds a token tree; by default
+    slot t holds position t.
     On CPU up to PER_QUERY_SCORES tree queries each attend over the slots in the order of
     their positions (`view`'s order): the softmax's sum and the product with the values round
     by where each term sits, and in the tree's own slot order a query would round unlike the
