@@ -250,12 +250,17 @@ def _vision(path: Path, text_hidden: int, dtype: str, mesh, rules):
         return None
     vc, params, pre = loaded
     dt = jnp.float32 if dtype == "int8" else jnp.dtype(dtype)
+    vision = Vision(vc, jax.tree.map(lambda w: np.asarray(w, dt), params), pre)
     if mesh is None:
-        params = jax.tree.map(lambda w: jnp.asarray(w, dt), params)
-    else:
-        params = jax.tree.map(lambda w, s: sharding.global_array(np.asarray(w, dt), s), params,
-                              sharding.vision_shardings(vc, text_hidden, mesh, rules))
-    return Vision(vc, params, pre)
+        return dataclasses.replace(vision, params=jax.tree.map(jnp.asarray, vision.params))
+    return _place_vision(vision, text_hidden, mesh, rules)
+
+
+def _place_vision(vision: Vision, text_hidden: int, mesh, rules) -> Vision:
+    """The image side's params put onto `mesh` by `rules` (`sharding.vision_shardings`)."""
+    return dataclasses.replace(vision, params=jax.tree.map(
+        lambda x, s: sharding.global_array(np.asarray(x), s), vision.params,
+        sharding.vision_shardings(vision.config, text_hidden, mesh, rules)))
 
 
 def _random(preset: str, dtype, mesh, rules) -> Model:
@@ -278,11 +283,7 @@ def shard(model: Model, mesh, rules=None) -> Model:
     shardings = sharding.param_shardings(model.config, mesh, rules)
     params = jax.tree.map(lambda x, s: sharding.global_array(np.asarray(x), s), model.params,
                           shardings)
-    vision = model.vision
-    if vision is not None:
-        vision = dataclasses.replace(vision, params=jax.tree.map(
-            lambda x, s: sharding.global_array(np.asarray(x), s), vision.params,
-            sharding.vision_shardings(vision.config, model.config.hidden_size, mesh, rules)))
+    vision = model.vision and _place_vision(model.vision, model.config.hidden_size, mesh, rules)
     return dataclasses.replace(model, params=params, mesh=mesh, rules=rules, vision=vision)
 
 

@@ -83,10 +83,10 @@ def _layer_norm(x, w, b, eps: float):
     return (x - mean) * jax.lax.rsqrt(var + eps) * w + b
 
 
-def _dense(x, w_FxD, b_F=None):
-    y = jnp.einsum("...D,FD->...F", x, w_FxD.astype(jnp.float32),
-                   preferred_element_type=jnp.float32)
-    return y if b_F is None else y + b_F
+def _dense(x_NxPxD, w_FxD, b_F=None):
+    """`layers.linear` (every weight product goes through it), plus a bias."""
+    y = L.linear(x_NxPxD, w_FxD)
+    return y if b_F is None else y + b_F.astype(jnp.float32)
 
 
 def _encoder_layer(x_NxPxD, lp, vc: VisionConfig):
@@ -111,7 +111,8 @@ def encode(params, vc: VisionConfig, pixels_NxHxWx3):
     # Patches in the convolution's order: (channel, row, column) within a patch.
     patches = pixels_NxHxWx3.astype(jnp.float32).reshape(N, G, p, G, p, 3)
     patches_NxPxC = patches.transpose(0, 1, 3, 5, 2, 4).reshape(N, G * G, 3 * p * p)
-    x_NxPxD = _dense(patches_NxPxC, params["patch"], params["patch_b"]) + params["position"]
+    x_NxPxD = (_dense(patches_NxPxC, params["patch"], params["patch_b"])
+               + params["position"].astype(jnp.float32))
     for lp in params["layers"]:
         x_NxPxD = _encoder_layer(x_NxPxD, lp, vc)
     x_NxPxD = _layer_norm(x_NxPxD, params["post_ln"], params["post_ln_b"], vc.layer_norm_eps)
