@@ -12,11 +12,11 @@ from typing import Any, Iterator
 from jaxspec.errors import UserError
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` so that a killed process leaves the old file or the new one."""
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write `data` to `path` so that a killed process leaves the old file or the new one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
+    with (open(tmp, "wb") if isinstance(data, bytes) else open(tmp, "w", encoding="utf-8")) as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

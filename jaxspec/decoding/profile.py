@@ -99,11 +99,12 @@ def loop_ms(target, drafter, G: int, tokens: int = 6, rounds: int = 3) -> list[f
     make every other length hopeless. A sample is the slope of wall time against steps between
     a one-token and a `tokens` output of one prompt, taken back to back (a slope the timer
     cannot resolve, as a tiny model's, is taken again over longer outputs, then from the whole
-    longer call). On a small shared machine the speed drifts by 10% over seconds, so each
-    drafting sample is paired with a plain one taken just before it, and the costs come from
-    those ratios: the plain step is the median of its samples, and a drafting step that times
-    the least squares line a + b * g through each length's median ratio (drafting costs a fixed
-    part and a part per drafted token)."""
+    longer call). On a small shared machine the speed drifts by 10% over seconds, so a round
+    of drafting samples lies between two plain ones, each drafting sample is divided by the
+    plain step interpolated to its place in the round, and the costs come from those ratios:
+    the plain step is the median of its samples, and a drafting step that times the least
+    squares line a + b * g through each length's median ratio (drafting costs a fixed part and a
+    part per drafted token)."""
     prompt = [[2 + i % 11 for i in range(16)]]
 
     def call(g: int, n: int):
@@ -126,11 +127,13 @@ def loop_ms(target, drafter, G: int, tokens: int = 6, rounds: int = 3) -> list[f
         return 1e3 * long.wall_time_s / len(long.accept_lengths[0])  # the whole call, per step
 
     call(0, 1), call(1, 1)  # an executable's first run is slow: not a sample
-    plain, ratios = [], {g: [] for g in range(1, G + 1)}
+    plain, ratios = [sample(0)], {g: [] for g in range(1, G + 1)}
     for _ in range(rounds):
-        for g in ratios:
-            plain.append(sample(0))
-            ratios[g].append(sample(g) / plain[-1])
+        drafting = {g: sample(g) for g in ratios}
+        plain.append(sample(0))
+        for g, step_ms in drafting.items():  # against the plain step's drift over the round
+            w = g / (G + 1)
+            ratios[g].append(step_ms / ((1 - w) * plain[-2] + w * plain[-1]))
     b, a = np.polyfit(list(ratios), [np.median(r) for r in ratios.values()], 1)
     ms = float(np.median(plain))
     return [ms] + [ms * float(a + max(b, 0.0) * g) for g in range(1, G + 1)]

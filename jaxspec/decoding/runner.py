@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import sharding
-from jaxspec.decoding import image_prompts, speculative, stops, trees, xla_cache
+from jaxspec.decoding import executables, image_prompts, speculative, stops, trees, xla_cache
 from jaxspec.decoding.plan import AcceptanceMemory, start_counts
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.drafters.model import as_drafter, same_tokens
@@ -203,6 +203,27 @@ def _pad_batch(ids, max_new, T: int, pad_id: int, multiple: int = 1):
     return tokens, lengths, budgets
 
 
+def _compile(fn, statics: dict, args, donate, mesh, rules, fresh: bool):
+    """`fn` lowered and compiled, through JAX's persistent cache unless `fresh`: an XLA:CPU
+    executable read back from it misses functions when serialized again (`executables`), and
+    one with collectives read back deadlocks in a collective (jax 0.10, simulated devices)."""
+    xla_cache.use()
+    traced = fn
+    if mesh is not None:
+        def traced(*a, **kw):  # a fresh function: no trace cached without the mesh is reused
+            with sharding.decoding_on(mesh, rules):
+                return fn(*a, **kw)
+    jitted = jax.jit(traced, static_argnames=tuple(statics), donate_argnums=donate)
+    cached = jax.config.jax_enable_compilation_cache
+    if fresh or mesh is not None and mesh.devices.flat[0].platform == "cpu":
+        jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        with xla_cache.reading():
+            return jitted.lower(*args, **statics).compile()
+    finally:
+        jax.config.update("jax_enable_compilation_cache", cached)
+
+
 class Decoder:
     """Compiles one function per static setting and shape bucket; keeps the `max_size` most
     recently used. `compiles` counts executables built (or read from the persistent cache)."""
@@ -236,23 +257,13 @@ class Decoder:
             return self._compiled[key]
         if check is not None:
             check()
-        xla_cache.use()
-        traced = fn
-        if mesh is not None:
-            def traced(*a, **kw):  # a fresh function: no trace cached without the mesh is reused
-                with sharding.decoding_on(mesh, rules):
-                    return fn(*a, **kw)
-        jitted = jax.jit(traced, static_argnames=tuple(statics), donate_argnums=donate)
-        # XLA:CPU executables with collectives read back from the persistent cache deadlock in
-        # a collective (jax 0.10, simulated devices): compile those afresh.
-        cached = jax.config.jax_enable_compilation_cache
-        if mesh is not None and mesh.devices.flat[0].platform == "cpu":
-            jax.config.update("jax_enable_compilation_cache", False)
-        try:
-            with xla_cache.reading():
-                self._compiled[key] = jitted.lower(*args, **statics).compile()
-        finally:
-            jax.config.update("jax_enable_compilation_cache", cached)
+        path = None if mesh is not None else executables.entry(fn, statics, args, donate)
+        compiled = executables.load(path)
+        if compiled is None:
+            t0 = time.perf_counter()
+            compiled = _compile(fn, statics, args, donate, mesh, rules, fresh=path is not None)
+            executables.save(path, compiled, time.perf_counter() - t0)
+        self._compiled[key] = compiled
         self.compiles += 1
         if len(self._compiled) > self.max_size:
             self._compiled.popitem(last=False)

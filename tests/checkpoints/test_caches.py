@@ -53,11 +53,17 @@ def test_a_damaged_converted_model_is_converted_again(cache, capsys, damage):
     assert json.loads((folder / "converted.json").read_text())["params"]  # rewritten whole
 
 
-def test_a_corrupt_compilation_cache_entry_is_compiled_again(tmp_path):
-    """Truncated executables in the persistent compilation cache: the next process warns in
-    one line, compiles afresh, decodes the same tokens and drops the entry; the one after
-    writes it whole again."""
-    code = textwrap.dedent("""
+def _run(code, tmp_path):
+    env = {"JAXSPEC_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, env=env, timeout=300)
+
+
+def test_a_corrupt_compiled_decode_loop_is_compiled_again(tmp_path):
+    """A truncated executable under `$JAXSPEC_CACHE/executables`: the next process warns in one
+    line, compiles afresh, decodes the same tokens and writes the entry whole again; the one
+    after reads it silently."""
+    code = """
         import jax, jaxspec
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
         from jaxspec.models.params import init_params
@@ -66,24 +72,51 @@ def test_a_corrupt_compilation_cache_entry_is_compiled_again(tmp_path):
                                   intermediate_size=64, max_position=512)
         m = jaxspec.Model(cfg, init_params(cfg, jax.random.key(0)), None, "tiny")
         print(jaxspec.generate(m, [[1, 2, 3]], max_new_tokens=5).token_ids)
-    """)
-    env = {"JAXSPEC_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    def run():
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                              env=env, timeout=300)
-    first = run()
+    """
+    first = _run(code, tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    entries = list((tmp_path / "executables").rglob("*.pkl"))
+    assert entries and all(f"jaxspec-{importlib.metadata.version('jaxspec')}" in str(f)
+                           for f in entries)
+    for f in entries:
+        f.write_bytes(f.read_bytes()[:40])
+    second = _run(code, tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert second.stdout == first.stdout
+    assert "is unreadable" in second.stderr and "rebuilding it" in second.stderr
+    assert all(f.stat().st_size > 40 for f in entries)  # written whole again: read below
+    third = _run(code, tmp_path)
+    assert third.returncode == 0 and third.stdout == first.stdout
+    assert "unreadable" not in third.stderr
+
+
+def test_a_corrupt_jax_cache_entry_is_compiled_again(tmp_path):
+    """Truncated entries of JAX's persistent cache (what functions outside the decode loops, and
+    loops over a mesh, compile through): the next process warns in one line, compiles afresh
+    and drops the entry; the one after writes it whole again."""
+    code = """
+        import jax, jax.numpy as jnp, numpy as np
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        from jaxspec.decoding import xla_cache
+        xla_cache.use()
+        x = np.arange(4.0, dtype=np.float32)  # no other function compiled through the cache
+        with xla_cache.reading():
+            f = jax.jit(lambda x: jnp.tanh(x) * 3 + 1).lower(x).compile()
+        print(f(x))
+    """
+    first = _run(code, tmp_path)
     assert first.returncode == 0, first.stderr[-2000:]
     entries = [f for f in (tmp_path / "xla").rglob("*") if f.is_file() and f.stat().st_size > 64]
     assert entries and all(f"jaxspec-{importlib.metadata.version('jaxspec')}" in str(f)
                            for f in entries)
     for f in entries:
         f.write_bytes(f.read_bytes()[:40])
-    second = run()
+    second = _run(code, tmp_path)
     assert second.returncode == 0, second.stderr[-2000:]
     assert second.stdout == first.stdout
     assert "was unreadable; compiled it afresh" in second.stderr
     assert not any(f.exists() for f in entries)
-    third = run()
+    third = _run(code, tmp_path)
     assert third.returncode == 0 and third.stdout == first.stdout
     assert "unreadable" not in third.stderr
     assert all(f.exists() and f.stat().st_size > 64 for f in entries)

@@ -65,7 +65,11 @@ _SCRIPT = textwrap.dedent("""
                               num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48,
                               max_position=512)
     model = jaxspec.Model(cfg, init_params(cfg, jax.random.key(0), std=0.5), None, "p")
+    from jaxspec.decoding import runner
+    compiled, real = [], runner._compile
+    runner._compile = lambda *a, **kw: compiled.append(1) or real(*a, **kw)
     print("RESULT", jaxspec.generate(model, [[1, 2, 3]], max_new_tokens=5).token_ids[0])
+    print("COMPILED", len(compiled))
 """)
 
 
@@ -73,18 +77,21 @@ def _run_script(env):
     out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr
-    return [l for l in out.stdout.splitlines() if l.startswith("RESULT")][0]
+    lines = out.stdout.splitlines()
+    result = [line for line in lines if line.startswith("RESULT")][0]
+    return result, int([line for line in lines if line.startswith("COMPILED")][0].split()[1])
 
 
 def test_a_second_process_compiles_nothing_new(tmp_path):
-    """Every executable of the first process is written to the persistent cache (with no minimum
-    compile time), so a second process that wrote nothing new compiled nothing new."""
+    """The first process writes its decode loop to `$JAXSPEC_CACHE/executables`; a second one
+    reads it back without tracing or compiling and decodes the same tokens; with the cache off
+    every process compiles and nothing is written."""
     env = {**os.environ, "JAXSPEC_CACHE": str(tmp_path),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-    first = _run_script(env)
-    entries = sorted(p.name for p in next((tmp_path / "xla").iterdir()).iterdir())
-    assert any(name.startswith("jit_run-") for name in entries)
-    assert _run_script(env) == first
-    assert sorted(p.name for p in next((tmp_path / "xla").iterdir()).iterdir()) == entries
+    first, compiled = _run_script(env)
+    entries = sorted(p.name for p in (tmp_path / "executables").rglob("*.pkl"))
+    assert compiled == 1 and len(entries) == 1 and entries[0].startswith("run-")
+    assert _run_script(env) == (first, 0)
+    assert sorted(p.name for p in (tmp_path / "executables").rglob("*.pkl")) == entries
     off = {**env, "JAXSPEC_CACHE": str(tmp_path / "off"), "JAXSPEC_COMPILATION_CACHE": "0"}
-    assert _run_script(off) == first and not (tmp_path / "off" / "xla").exists()
+    assert _run_script(off) == (first, 1) and not (tmp_path / "off" / "executables").exists()
