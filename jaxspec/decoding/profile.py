@@ -96,10 +96,11 @@ def loop_ms(target, drafter, G: int, tokens: int = 6, rounds: int = 3) -> list[f
     """Milliseconds per decode-loop step drafting g tokens, g = 0..G, greedy, batch 1: a plain
     step (g = 0, `generate`), and steps of the very loop gamma="auto" with drafts of up to G then
     runs (one compiled function: the step costs are its data), each length forced by costs that
-    make every other length hopeless. A sample is the slope of wall time against steps between
-    a one-token and a `tokens` output of one prompt, taken back to back (a slope the timer
-    cannot resolve, as a tiny model's, is taken again over longer outputs, then from the whole
-    longer call). On a small shared machine the speed drifts by 10% over seconds, so a round
+    make every other length hopeless; lengths 1, 2 and G are timed (the line below gives the
+    others). A sample is the slope of wall time against steps between a one-token and a
+    `tokens` output of one prompt, taken back to back (a slope the timer cannot resolve, as a
+    tiny model's, is taken again over longer outputs, then from the whole longer call). On a
+    small shared machine the speed drifts by 10% over seconds, so a round
     of drafting samples lies between two plain ones, each drafting sample is divided by the
     plain step interpolated to its place in the round, and the costs come from those ratios:
     the plain step is the median of its samples, and a drafting step that times the least
@@ -127,14 +128,16 @@ def loop_ms(target, drafter, G: int, tokens: int = 6, rounds: int = 3) -> list[f
         return 1e3 * long.wall_time_s / len(long.accept_lengths[0])  # the whole call, per step
 
     call(0, 1), call(1, 1)  # an executable's first run is slow: not a sample
-    plain, ratios = [sample(0)], {g: [] for g in range(1, G + 1)}
+    lengths = sorted({1, 2, G} & set(range(1, G + 1)))
+    plain, ratios = [sample(0)], {g: [] for g in lengths}
     for _ in range(rounds):
-        drafting = {g: sample(g) for g in ratios}
+        drafting = [sample(g) for g in lengths]
         plain.append(sample(0))
-        for g, step_ms in drafting.items():  # against the plain step's drift over the round
-            w = g / (G + 1)
+        for i, (g, step_ms) in enumerate(zip(lengths, drafting)):  # against the plain step's
+            w = (i + 1) / (len(lengths) + 1)                      # drift over the round
             ratios[g].append(step_ms / ((1 - w) * plain[-2] + w * plain[-1]))
-    b, a = np.polyfit(list(ratios), [np.median(r) for r in ratios.values()], 1)
+    medians = [np.median(r) for r in ratios.values()]
+    b, a = np.polyfit(lengths, medians, 1) if len(lengths) > 1 else (0.0, medians[0])
     ms = float(np.median(plain))
     return [ms] + [ms * float(a + max(b, 0.0) * g) for g in range(1, G + 1)]
 

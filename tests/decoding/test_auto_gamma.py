@@ -66,6 +66,7 @@ def test_a_drafter_the_prior_never_picks_is_not_run(target, far_model, plain, mo
         raise AssertionError("the drafter ran")
 
     monkeypatch.setattr(drafters.ModelSpec, "init", refuse)
+    monkeypatch.setenv("JAXSPEC_COMPILATION_CACHE", "0")  # nor read them back from disk
     runner.DECODER.clear()  # earlier tests compiled these calls: trace them again
     jax.clear_caches()
     res = jaxspec.speculative_generate(target, far_model, PROMPTS, gamma="auto", gamma_max=4,
