@@ -6,7 +6,10 @@ compile time). Here an executable is keyed by what produces that program: the fu
 static settings, its arguments' structure, shapes and dtypes, jaxspec's source, and the jax,
 backend and flags it was compiled by. A key that misses, or an entry that cannot be read
 (rebuilt with a one-line warning), falls back to compiling; an executable JAX cannot serialize
-is not stored.
+is not stored. Functions that donate their arguments are not kept: XLA:CPU sometimes reads an
+executable back without all its functions ("Function ... not found" at its first run), and
+`Checked` then compiles afresh and calls again, which needs the arguments intact; such a key is
+marked and compiled through JAX's persistent cache from then on.
 """
 
 from __future__ import annotations
@@ -39,8 +42,9 @@ def _source_digest() -> str:
 
 def entry(fn, statics: dict, args, donate: tuple[int, ...]) -> Path | None:
     """Where `fn` compiled for these statics and arguments is kept; None when the cache is off
-    (JAXSPEC_COMPILATION_CACHE=0) or the arguments live on more than one device."""
-    if os.environ.get("JAXSPEC_COMPILATION_CACHE", "1") == "0":
+    (JAXSPEC_COMPILATION_CACHE=0), `fn` donates arguments, they live on more than one device,
+    or an executable read back for this key failed before (`Checked`)."""
+    if os.environ.get("JAXSPEC_COMPILATION_CACHE", "1") == "0" or donate:
         return None
     leaves = jax.tree.leaves(args)
     if any(len(getattr(a, "sharding", None) and a.sharding.device_set or ()) > 1
@@ -55,7 +59,12 @@ def entry(fn, statics: dict, args, donate: tuple[int, ...]) -> Path | None:
              jax.config.jax_default_matmul_precision)
     with np.printoptions(threshold=sys.maxsize):  # an array in a static setting, written whole
         key = hashlib.sha256(repr(parts).encode()).hexdigest()
-    return cache_dir("executables", FORMAT) / f"{fn.__name__}-{key[:32]}.pkl"
+    path = cache_dir("executables", FORMAT) / f"{fn.__name__}-{key[:32]}.pkl"
+    return None if _broken(path).exists() else path
+
+
+def _broken(path: Path) -> Path:
+    return path.with_suffix(".broken")
 
 
 def load(path: Path | None):
@@ -82,3 +91,30 @@ def save(path: Path | None, compiled, seconds: float) -> None:
         return  # not serializable (e.g. constants captured in the program)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, data)
+
+
+class Checked:
+    """An executable read back from `path`: if its first call finds functions missing, the entry
+    is dropped and marked, and `rebuild()` (a fresh compile) serves this call and the rest."""
+
+    def __init__(self, compiled, path: Path, rebuild):
+        self.compiled, self.path, self.rebuild, self.checked = compiled, path, rebuild, False
+
+    def __call__(self, *args):
+        if self.checked:
+            return self.compiled(*args)
+        try:
+            out = jax.block_until_ready(self.compiled(*args))
+        except jax.errors.JaxRuntimeError as err:
+            if "not found" not in str(err):
+                raise
+            warn_rebuild("the compiled function", self.path, err)
+            self.path.unlink(missing_ok=True)
+            _broken(self.path).touch()
+            self.compiled = self.rebuild()
+            out = self.compiled(*args)
+        self.checked = True
+        return out
+
+    def as_text(self) -> str:
+        return self.compiled.as_text()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import math
 import time
 
@@ -204,9 +205,10 @@ def _pad_batch(ids, max_new, T: int, pad_id: int, multiple: int = 1):
 
 
 def _compile(fn, statics: dict, args, donate, mesh, rules, fresh: bool):
-    """`fn` lowered and compiled, through JAX's persistent cache unless `fresh`: an XLA:CPU
-    executable read back from it misses functions when serialized again (`executables`), and
-    one with collectives read back deadlocks in a collective (jax 0.10, simulated devices)."""
+    """`fn` lowered and compiled, through JAX's persistent cache unless `fresh` (an executable
+    to be kept by `executables`: one read back from JAX's cache and serialized again missed
+    functions) or over a CPU mesh (one with collectives read back deadlocks in a collective,
+    jax 0.10, simulated devices)."""
     xla_cache.use()
     traced = fn
     if mesh is not None:
@@ -258,10 +260,13 @@ class Decoder:
         if check is not None:
             check()
         path = None if mesh is not None else executables.entry(fn, statics, args, donate)
+        build = functools.partial(_compile, fn, statics, args, donate, mesh, rules)
         compiled = executables.load(path)
-        if compiled is None:
+        if compiled is not None:
+            compiled = executables.Checked(compiled, path, lambda: build(fresh=False))
+        else:
             t0 = time.perf_counter()
-            compiled = _compile(fn, statics, args, donate, mesh, rules, fresh=path is not None)
+            compiled = build(fresh=path is not None)
             executables.save(path, compiled, time.perf_counter() - t0)
         self._compiled[key] = compiled
         self.compiles += 1
