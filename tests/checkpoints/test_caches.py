@@ -59,6 +59,22 @@ def _run(code, tmp_path):
                           text=True, env=env, timeout=300)
 
 
+def _truncate_between_runs(code, tmp_path, entries_of):
+    """Run `code`, truncate the cache entries it wrote, run it again: (first run, second run,
+    the entries), after checking both succeeded alike and the entries are keyed by version."""
+    first = _run(code, tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    entries = entries_of()
+    assert entries and all(f"jaxspec-{importlib.metadata.version('jaxspec')}" in str(f)
+                           for f in entries)
+    for f in entries:
+        f.write_bytes(f.read_bytes()[:40])
+    second = _run(code, tmp_path)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert second.stdout == first.stdout
+    return first, second, entries
+
+
 def test_a_corrupt_compiled_decode_loop_is_compiled_again(tmp_path):
     """A truncated executable under `$JAXSPEC_CACHE/executables`: the next process warns in one
     line, compiles afresh, decodes the same tokens and writes the entry whole again; the one
@@ -73,16 +89,8 @@ def test_a_corrupt_compiled_decode_loop_is_compiled_again(tmp_path):
         m = jaxspec.Model(cfg, init_params(cfg, jax.random.key(0)), None, "tiny")
         print(jaxspec.generate(m, [[1, 2, 3]], max_new_tokens=5).token_ids)
     """
-    first = _run(code, tmp_path)
-    assert first.returncode == 0, first.stderr[-2000:]
-    entries = list((tmp_path / "executables").rglob("*.pkl"))
-    assert entries and all(f"jaxspec-{importlib.metadata.version('jaxspec')}" in str(f)
-                           for f in entries)
-    for f in entries:
-        f.write_bytes(f.read_bytes()[:40])
-    second = _run(code, tmp_path)
-    assert second.returncode == 0, second.stderr[-2000:]
-    assert second.stdout == first.stdout
+    first, second, entries = _truncate_between_runs(
+        code, tmp_path, lambda: list((tmp_path / "executables").rglob("*.pkl")))
     assert "is unreadable" in second.stderr and "rebuilding it" in second.stderr
     assert all(f.stat().st_size > 40 for f in entries)  # written whole again: read below
     third = _run(code, tmp_path)
@@ -104,16 +112,8 @@ def test_a_corrupt_jax_cache_entry_is_compiled_again(tmp_path):
             f = jax.jit(lambda x: jnp.tanh(x) * 3 + 1).lower(x).compile()
         print(f(x))
     """
-    first = _run(code, tmp_path)
-    assert first.returncode == 0, first.stderr[-2000:]
-    entries = [f for f in (tmp_path / "xla").rglob("*") if f.is_file() and f.stat().st_size > 64]
-    assert entries and all(f"jaxspec-{importlib.metadata.version('jaxspec')}" in str(f)
-                           for f in entries)
-    for f in entries:
-        f.write_bytes(f.read_bytes()[:40])
-    second = _run(code, tmp_path)
-    assert second.returncode == 0, second.stderr[-2000:]
-    assert second.stdout == first.stdout
+    first, second, entries = _truncate_between_runs(code, tmp_path, lambda: [
+        f for f in (tmp_path / "xla").rglob("*") if f.is_file() and f.stat().st_size > 64])
     assert "was unreadable; compiled it afresh" in second.stderr
     assert not any(f.exists() for f in entries)
     third = _run(code, tmp_path)
