@@ -51,7 +51,7 @@ def entry(fn, statics: dict, args, donate: tuple[int, ...]) -> Path | None:
            for a in leaves):
         return None
     device = jax.devices()[0]
-    parts = (fn.__module__, fn.__qualname__, donate, sorted(statics.items()),
+    parts = (fn.__module__, fn.__qualname__, sorted(statics.items()),
              jax.tree.structure(args), [(a.shape, str(a.dtype)) for a in leaves],
              _source_digest(), jax.__version__, jax.lib.__version__, sys.version,
              device.platform, device.device_kind, jax.device_count(),

@@ -100,12 +100,12 @@ def loop_ms(target, drafter, G: int, tokens: int = 6, rounds: int = 3) -> list[f
     others). A sample is the slope of wall time against steps between a one-token and a
     `tokens` output of one prompt, taken back to back (a slope the timer cannot resolve, as a
     tiny model's, is taken again over longer outputs, then from the whole longer call). On a
-    small shared machine the speed drifts by 10% over seconds, so a round
-    of drafting samples lies between two plain ones, each drafting sample is divided by the
-    plain step interpolated to its place in the round, and the costs come from those ratios:
-    the plain step is the median of its samples, and a drafting step that times the least
-    squares line a + b * g through each length's median ratio (drafting costs a fixed part and a
-    part per drafted token)."""
+    small shared machine the speed drifts by 10% over seconds, so a round of drafting samples
+    lies between two plain ones, each drafting sample is divided by the plain step interpolated
+    to its place in the round, and the costs come from those ratios: the plain step is the
+    median of its samples, and a drafting step that times the least squares line a + b * g
+    through each length's median ratio (drafting costs a fixed part and a part per drafted
+    token)."""
     prompt = [[2 + i % 11 for i in range(16)]]
 
     def call(g: int, n: int):
