@@ -25,6 +25,7 @@ from jaxspec.drafters.model import ModelSpec, layer_skip_drafter
 from jaxspec.drafters.ngram import ngram_drafter
 from jaxspec.errors import UserError
 from jaxspec.models.params import param_shapes
+from jaxspec.models.transformer import PREFILL_CHUNK
 from jaxspec.sharding import (MESH_AXES, RULES, batch_shards, fitting_spec, param_shardings,
                               shard_bytes, state_shardings)
 
@@ -100,7 +101,7 @@ def _activations(config: ModelConfig, B: int, S: int, T: int, mesh, rules) -> in
 
 def plan(config: ModelConfig, *, batch: int, cache_len: int, mesh, dtype="float32",
          drafter: Drafter | None = None, gamma: int = 4,
-         rules: Mapping[str, Any] = RULES, chunk: int = 64) -> MemoryPlan:
+         rules: Mapping[str, Any] = RULES, chunk: int = PREFILL_CHUNK) -> MemoryPlan:
     """The memory plan of decoding `batch` rows (padded to the mesh's row shards) with a cache
     of `cache_len` slots over `mesh` (a Mesh or an AbstractMesh). Raises the UserError of
     `param_shardings` when the mesh cannot split the params."""

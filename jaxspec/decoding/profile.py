@@ -26,7 +26,7 @@ from jaxspec.decoding.trees import chain
 from jaxspec.drafters.base import DraftInput
 from jaxspec.errors import UserError
 from jaxspec.files import cache_dir, warn_rebuild, write_atomic
-from jaxspec.models.cache import init_cache
+from jaxspec.models.cache import init_cache, storage_dtype
 from jaxspec.models.transformer import forward
 
 SIZES = (1, 2, 3, 4, 6, 8, 12, 16)
@@ -56,7 +56,7 @@ def step_bytes(model, cache_len: int) -> int:
     """Bytes a decode step must read: every weight once, plus the keys/values of the cache."""
     weights = sum(x.nbytes for x in jax.tree.leaves(model.params))
     c = model.config
-    item = jnp.dtype(cache_dtype(model.params)).itemsize
+    item = storage_dtype(cache_dtype(model.params)).itemsize
     return weights + 2 * c.num_layers * cache_len * c.num_kv_heads * c.head_dim * item
 
 

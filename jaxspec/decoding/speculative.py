@@ -117,9 +117,8 @@ def feature_layer(drafter) -> int | None:
 
 
 def cache_dtype(target_params):
-    """The KV cache's precision: the weights' (bfloat16 weights keep bfloat16 keys and values,
-    half the bytes; and float32 attention products over a float32 cache round differently for
-    different query counts on CPU, so a verify pass would not equal one-position steps)."""
+    """The KV cache's precision: the weights' (stored as `cache.storage_dtype` says: float32 on
+    CPU)."""
     return target_params["embed"].dtype
 
 

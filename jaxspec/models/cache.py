@@ -43,23 +43,7 @@ def init_cache(config: ModelConfig, batch: int, max_len: int, dtype=jnp.float32,
 
 
 def storage_dtype(dtype):
-    """How keys and values of `dtype` are stored: bfloat16 as its 16-bit patterns (uint16) on CPU,
-    where XLA scatters a bfloat16 array by converting all of it to float32 and back (per layer
-    and step, most of a batched decode step); as themselves elsewhere."""
-    if jnp.dtype(dtype) == jnp.bfloat16 and jax.default_backend() == "cpu":
-        return jnp.uint16
-    return jnp.dtype(dtype)
-
-
-def stored(x, cache_dtype):
-    """`x` as the cache of dtype `cache_dtype` stores it."""
-    if cache_dtype == jnp.uint16:
-        return jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16)
-    return x.astype(cache_dtype)
-
-
-def values(cache_array):
-    """A layer's stored keys or values as numbers (bfloat16 patterns read back as bfloat16)."""
-    if cache_array.dtype == jnp.uint16:
-        return jax.lax.bitcast_convert_type(cache_array, jnp.bfloat16)
-    return cache_array
+    """How keys and values of a model in `dtype` are stored: float32 on CPU, where XLA runs
+    bfloat16 scatters and batched attention products by converting the whole cache to float32
+    first (per layer and step: most of a batched decode step); `dtype` elsewhere."""
+    return jnp.dtype(jnp.float32 if jax.default_backend() == "cpu" else dtype)

@@ -11,7 +11,6 @@ import numpy as np
 
 from jaxspec.config import RopeScaling
 from jaxspec.errors import UserError
-from jaxspec.models.cache import stored, values
 from jaxspec.models.quant import Int8, linear_int8
 
 MIN_ROWS = 3  # bfloat16 products on CPU run at least this many rows (see `linear`)
@@ -135,7 +134,7 @@ def write_cache(cache_BxTxJxH, new_BxSxJxH, positions_BxS):
     """Write each token's key/value at its position's slot; positions past the cache are dropped."""
     rows_Bx1 = jnp.arange(cache_BxTxJxH.shape[0])[:, None]
     return cache_BxTxJxH.at[rows_Bx1, positions_BxS].set(
-        stored(new_BxSxJxH, cache_BxTxJxH.dtype), mode="drop")
+        new_BxSxJxH.astype(cache_BxTxJxH.dtype), mode="drop")
 
 
 def tree_view(T: int, base_B, depth_M, visible_SxM, ordered: bool = True):
@@ -172,7 +171,7 @@ def tree_view(T: int, base_B, depth_M, visible_SxM, ordered: bool = True):
 
 
 def attention(q_BxSxQxH, k_BxTxJxH, v_BxTxJxH, positions_BxS, scale: float, window, view=None,
-              blocks=None):
+              blocks=None, dtype=jnp.float32, per_query: bool = True):
     """Grouped-query attention of the new queries over the cache, masked by position:
     [batch, seq, heads * head_dim].
 
@@ -181,24 +180,30 @@ def attention(q_BxSxQxH, k_BxTxJxH, v_BxTxJxH, positions_BxS, scale: float, wind
     -1: none) also lets a query see every slot of its own block, later ones too (an image's
     tokens attend to each other both ways), within the window. `view` (from `tree_view`) gives
     the slots' positions and a visibility mask when the cache holds a token tree; by default
-    slot t holds position t.
-    On CPU up to PER_QUERY_SCORES tree queries each attend over the slots in the order of
-    their positions (`view`'s order): the softmax's sum and the product with the values round
-    by where each term sits, and in the tree's own slot order a query would round unlike the
-    one-position step at its position.
+    slot t holds position t. The probabilities are rounded to `dtype` (the model's precision)
+    before their product with the values, as a product in that precision would.
+    On CPU up to PER_QUERY_SCORES queries each get products of their own, so a verify pass
+    rounds as one-position steps do (`per_query` False: one product for all, as a prefill
+    chunk); tree queries also attend over the slots in the order of their positions (`view`'s
+    order): the softmax's sum and the product with the values round by where each term sits,
+    and in the tree's own slot order a query would round unlike the one-position step at its
+    position.
     """
     B, S, Q, H = q_BxSxQxH.shape
     J = k_BxTxJxH.shape[2]
-    k_BxTxJxH, v_BxTxJxH = values(k_BxTxJxH), values(v_BxTxJxH)
     q = q_BxSxQxH.reshape(B, S, J, Q // J, H)  # Q per group: query heads of one J
-    per_query = jax.default_backend() == "cpu" and S <= PER_QUERY_SCORES
+    per_query = per_query and jax.default_backend() == "cpu" and S <= PER_QUERY_SCORES
+    # The keys are the left operand, as weights are in `linear`: XLA:CPU then reads the cache
+    # as it lies instead of copying it transposed; the small [.., T, queries] result is
+    # transposed to [B, J, Q, S, T] instead.
     if per_query:
-        scores = jnp.stack([jnp.einsum("BJQH,BTJH->BJQT", q[:, s], k_BxTxJxH,
+        scores = jnp.stack([jnp.einsum("BTJH,BJQH->BJTQ", k_BxTxJxH, q[:, s],
                                        preferred_element_type=jnp.float32) for s in range(S)],
-                           axis=3) * scale
+                           axis=3)
     else:
-        scores = jnp.einsum("BSJQH,BTJH->BJQST", q, k_BxTxJxH,
-                            preferred_element_type=jnp.float32) * scale
+        scores = jnp.einsum("BTJH,BSJQH->BJTSQ", k_BxTxJxH, q,
+                            preferred_element_type=jnp.float32)
+    scores = jnp.transpose(jax.lax.optimization_barrier(scores), (0, 1, 4, 3, 2)) * scale
     T = k_BxTxJxH.shape[1]
     kv_pos_1x1xT = jnp.arange(T)[None, None, :]
     ordered = view is not None and per_query and view[2] is not None
@@ -219,15 +224,17 @@ def attention(q_BxSxQxH, k_BxTxJxH, v_BxTxJxH, positions_BxS, scale: float, wind
         mask_BxSxT &= kv_pos_1x1xT > positions_BxS[:, :, None] - window
     scores = jnp.where(mask_BxSxT[:, None, None], scores, _MASKED)
     exp = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
-    probs = (exp / ordered_sum(exp)[..., None]).astype(v_BxTxJxH.dtype)
-    if ordered:
+    probs = (exp / ordered_sum(exp)[..., None]).astype(dtype).astype(v_BxTxJxH.dtype)
+    # Products in [B, J, Q, S, H] order, or XLA:CPU copies the values transposed.
+    if per_query:
         rows_Bx1 = jnp.arange(B)[:, None]
-        out = jnp.concatenate([jnp.einsum(
-            "BJQST,BTJH->BSJQH", probs[:, :, :, s:s + 1],
-            v_BxTxJxH[rows_Bx1, jnp.minimum(order_BxSxT[:, s], T - 1)]) for s in range(S)],
-            axis=1)
+        values_for = ((lambda s: v_BxTxJxH[rows_Bx1, jnp.minimum(order_BxSxT[:, s], T - 1)])
+                      if ordered else lambda s: v_BxTxJxH)
+        out = jnp.concatenate([jnp.einsum("BJQST,BTJH->BJQSH", probs[:, :, :, s:s + 1],
+                                          values_for(s)) for s in range(S)], axis=3)
     else:
-        out = jnp.einsum("BJQST,BTJH->BSJQH", probs, v_BxTxJxH)
+        out = jnp.einsum("BJQST,BTJH->BJQSH", probs, v_BxTxJxH)
+    out = jnp.transpose(jax.lax.optimization_barrier(out), (0, 3, 1, 2, 4))
     # Without the barrier XLA:CPU moves this small transpose onto the output projection's
     # weight and copies [heads, head_dim, embed] every call (a third of a decode step).
     return jax.lax.optimization_barrier(out.reshape(B, S, Q * H))

@@ -17,11 +17,16 @@ from jaxspec.models import layers as L
 from jaxspec.models.cache import KVCache
 
 
+# Positions per prefill forward. Each chunk's queries are scored in one product (not one per
+# query, as a verify pass is), so a prompt's keys and values round alike whatever its length
+# and offset: a refilled row (which starts after a shared prefix) gets generate's bits.
+PREFILL_CHUNK = 16
+
 _ACTIVATIONS = {"silu": jax.nn.silu, "gelu_tanh": lambda a: jax.nn.gelu(a, approximate=True)}
 
 
 def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig, slots=None,
-           view=None, blocks=None):
+           view=None, blocks=None, per_query=True):
     arch = archs.get(config.arch)
     B, S, D = x.shape
     h = L.rms_norm(x, lp["attn_norm"], config.rms_eps)
@@ -38,7 +43,8 @@ def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig
     k_cache = L.write_cache(k_cache, k, at)
     v_cache = L.write_cache(v_cache, v, at)
     scale = config.query_scale or config.head_dim ** -0.5
-    attn = L.attention(q, k_cache, v_cache, positions, scale, window, view, blocks)
+    attn = L.attention(q, k_cache, v_cache, positions, scale, window, view, blocks,
+                       lp["wq"].dtype, per_query)
     attn = L.linear(attn, lp["wo"].reshape(D, -1))
     if arch.sandwich_norms:
         attn = L.rms_norm(attn, lp["post_attn_norm"], config.rms_eps)
@@ -53,7 +59,7 @@ def _layer(x, lp, k_cache, v_cache, positions, rope, window, config: ModelConfig
 def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCache,
             layers: tuple[int, ...] | None = None, features: bool = False, slots_BxS=None,
             tree=None, keep_layers=None, feature_layer: int | None = None, inputs_BxSxD=None,
-            blocks=None):
+            blocks=None, per_query: bool = True):
     """Logits [batch, seq, vocab] (float32) and the updated cache; with `features`, also the last
     layer's output before the final norm [batch, seq, hidden] (what hidden-state drafters read),
     or with `feature_layer` (static) the input of that layer (speculative streams).
@@ -88,7 +94,7 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
         rope = rope_local if config.sliding_layers[i] else rope_global
         window = config.sliding_window if config.sliding_layers[i] else None
         y, k, v = _layer(x, params["layers"][i], cache.keys[c], cache.values[c], positions_BxS,
-                         rope, window, config, slots_BxS, view, blocks)
+                         rope, window, config, slots_BxS, view, blocks, per_query)
         x = y if keep_layers is None else jnp.where(keep_layers[i], y, x)
         keys.append(k)
         values.append(v)
@@ -134,8 +140,8 @@ def head(params, config: ModelConfig, x_BxSxD, rows=None):
 
 
 def fill_cache(params, config: ModelConfig, tokens_BxT, n_B, cache: KVCache,
-               layers: tuple[int, ...] | None = None, chunk: int = 64, features: bool = False,
-               first=0, feature_layer: int | None = None, images=None):
+               layers: tuple[int, ...] | None = None, chunk: int = PREFILL_CHUNK,
+               features: bool = False, first=0, feature_layer: int | None = None, images=None):
     """Write the keys/values of each row's tokens `first` .. `n_B` - 1 (the slots before `first`
     already hold theirs), `chunk` positions per forward in a loop whose trip count is data, so
     one compiled function serves every prompt length. Slots past a row's `n_B` get padding, which
@@ -163,7 +169,7 @@ def fill_cache(params, config: ModelConfig, tokens_BxT, n_B, cache: KVCache,
         tokens_BxC = jax.lax.dynamic_slice_in_dim(tokens_BxT, start, chunk, axis=1)
         positions_BxC = jnp.broadcast_to(start + jnp.arange(chunk), (B, chunk))
         _, cache, x_BxCxD = forward(params, config, tokens_BxC, positions_BxC, cache, layers,
-                                    features=True, feature_layer=feature_layer)
+                                    features=True, feature_layer=feature_layer, per_query=False)
         if features:
             feats_BxTxD = jax.lax.dynamic_update_slice_in_dim(feats_BxTxD, x_BxCxD, start, 1)
         return cache, feats_BxTxD

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax.numpy as jnp
 import pytest
 from jax.sharding import AbstractMesh
 
@@ -17,6 +18,7 @@ from jaxspec import sharding
 from jaxspec.decoding import memory, runner
 from jaxspec.decoding.sampling import Sampling
 from jaxspec.errors import UserError
+from jaxspec.models.cache import storage_dtype
 
 WORKER = Path(__file__).with_name("_sharded_worker.py")
 
@@ -122,8 +124,8 @@ def test_memory_plan_splits_by_the_mesh():
                         mesh=AbstractMesh((8, 1, 1), sharding.MESH_AXES))
     n_params = 32000 * 4096 + 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008 + 2 * 4096) + 4096
     assert one.params == 2 * n_params  # bf16, tied head
-    cache = 8 * 2048 * 32 * 4096 * 2 * 2  # rows, slots, layers, kv heads x head dim, bf16 (the
-    # weights' precision), k+v
+    item = storage_dtype(jnp.bfloat16).itemsize  # the weights' precision, as this backend stores it
+    cache = 8 * 2048 * 32 * 4096 * 2 * item  # rows, slots, layers, kv heads x head dim, k+v
     assert cache <= one.state < 1.01 * cache
     assert one.params / 8 < tensor8.params < one.params / 7.99  # norms are replicated
     rest = one.state - cache  # token buffer, logs, key: split over rows, not over tensor

@@ -10,7 +10,7 @@ import pytest
 
 from jaxspec.config import ModelConfig
 from jaxspec.models import layers as L
-from jaxspec.models.cache import init_cache, values
+from jaxspec.models.cache import init_cache
 from jaxspec.models.params import init_params
 from jaxspec.models.transformer import fill_cache, forward
 
@@ -110,22 +110,35 @@ def test_bfloat16_embedding_rows_are_gathered_without_copying_the_table():
     assert not copies, copies
 
 
-def test_bfloat16_cache_writes_touch_only_the_written_slots():
-    """A bfloat16 cache on CPU keeps its bit patterns (`storage_dtype`): a write stores each
-    value exactly, reads back as bfloat16, and compiles to no float32 copy of the cache."""
-    config = ModelConfig(arch="llama", vocab_size=16, hidden_size=8, num_layers=1, num_heads=2,
-                         num_kv_heads=1, head_dim=4, intermediate_size=8, max_position=32)
-    cache = init_cache(config, 3, 32, jnp.bfloat16)
-    assert cache.keys[0].dtype == jnp.uint16
-    new = jax.random.normal(jax.random.key(0), (3, 2, 1, 4))
-    pos = jnp.array([[0, 1], [5, 6], [30, 31]])
+@pytest.mark.parametrize("S", [1, 4])
+def test_attention_reads_the_cache_where_it_lies(S):
+    """On CPU a bfloat16 model's cache is float32 (`storage_dtype`): a write stores each value
+    exactly and attention's products read the cache in place. The compiled write + attention
+    holds no other array of a cache's size (XLA:CPU used to convert the whole cache to float32
+    and copy it transposed, per layer and step: most of a batched decode step)."""
+    config = ModelConfig(arch="llama", vocab_size=16, hidden_size=8, num_layers=1, num_heads=4,
+                         num_kv_heads=1, head_dim=32, intermediate_size=8, max_position=64)
+    cache = init_cache(config, 4, 64, jnp.bfloat16)
+    assert cache.keys[0].dtype == (jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16)
+    new = jax.random.normal(jax.random.key(0), (4, S, 1, 32))
+    pos = jnp.array([[0], [5], [30], [60]]) + jnp.arange(S)
     written = jax.jit(L.write_cache)(cache.keys[0], new, pos)
-    got = np.asarray(values(written).astype(jnp.float32))
-    want = np.zeros((3, 32, 1, 4), np.float32)
-    want[np.arange(3)[:, None], np.asarray(pos)] = np.asarray(new.astype(jnp.bfloat16), np.float32)
-    np.testing.assert_array_equal(got, want)
-    hlo = jax.jit(L.write_cache).lower(cache.keys[0], new, pos).compile().as_text()
-    assert "f32[3,32,1,4]" not in hlo
+    want = np.zeros((4, 64, 1, 32), np.float32)
+    want[np.arange(4)[:, None], np.asarray(pos)] = np.asarray(new)
+    np.testing.assert_array_equal(np.asarray(written), want)
+
+    def step(k, v, q):
+        k, v = L.write_cache(k, new, pos), L.write_cache(v, new, pos)
+        return L.attention(q, k, v, pos, 0.1, None, dtype=jnp.bfloat16), k, v
+
+    q = jax.random.normal(jax.random.key(1), (4, S, 4, 32))
+    hlo = (jax.jit(step, donate_argnums=(0, 1)).lower(cache.keys[0], cache.values[0], q)
+           .compile().as_text())
+    instrs = re.findall(r"%(\S+) = \w+\[([\d,]+)\]\S* ([\w-]+)\(", hlo)
+    cache_sized = [(name, op) for name, dims, op in instrs
+                   if np.prod([int(d) for d in dims.split(",")]) == 4 * 64 * 32
+                   and op not in ("parameter", "bitcast") and "scatter" not in name]
+    assert not cache_sized, cache_sized
 
 
 def test_tree_queries_attend_as_a_chain_would():
