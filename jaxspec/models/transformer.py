@@ -72,7 +72,8 @@ def forward(params, config: ModelConfig, tokens_BxS, positions_BxS, cache: KVCac
     visible_SxM[, ordered]) says the cache holds a token tree (`layers.tree_view`).
     `keep_layers` (bool, one per layer; data) passes a skipped layer's input through: one
     compiled function for every skip set. `blocks`: spans that attend both ways (an image's
-    tokens; `layers.attention`).
+    tokens; `layers.attention`). `per_query` False scores all S queries in one attention product
+    (a prefill chunk) instead of one each (a verify pass).
     """
     layer_ids = tuple(range(config.num_layers)) if layers is None else tuple(layers)
     if cache.num_layers != len(layer_ids):
