@@ -3,6 +3,7 @@ batches are padded to buckets, so new prompts reuse the compiled function. Check
 compilations, never by timing."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -95,3 +96,19 @@ def test_a_second_process_compiles_nothing_new(tmp_path):
     assert sorted(p.name for p in (tmp_path / "executables").rglob("*.pkl")) == entries
     off = {**env, "JAXSPEC_CACHE": str(tmp_path / "off"), "JAXSPEC_COMPILATION_CACHE": "0"}
     assert _run_script(off) == (first, 1) and not (tmp_path / "off" / "executables").exists()
+
+
+def test_one_row_decode_loop_writes_the_cache_in_place(tiny):
+    """A plain step of one row writes one slot per layer; no compiled loop body copies a
+    layer's cache. With one kv head (Gemma 3 270M) XLA turned a one-position write into a
+    select and a dynamic update, then copied each cache array four times a step."""
+    model = tiny.model(tiny.config(num_kv_heads=1), 31, "one-kv-head")
+    runner.DECODER.clear()
+    jaxspec.generate(model, [[5, 6, 7]], max_new_tokens=4)
+    (hlo,) = runner.DECODER.hlo_texts()
+    c = model.config
+    bodies = set(re.findall(r"while\(.*body=%([\w.\-]+)", hlo))
+    computations = dict(re.findall(r"^(?:ENTRY )?%([\w.\-]+) .*?\{\n(.*?)^\}", hlo, re.M | re.S))
+    cache = re.compile(rf"= f32\[1,\d+,{c.num_kv_heads},{c.head_dim}\]\S* copy\(")
+    assert bodies and bodies <= computations.keys()
+    assert not [b for b in bodies if cache.search(computations[b])]
