@@ -11,10 +11,12 @@ Keys (see configs/*.yaml):
            partial (train on the shards finished so far)},
   drafter: {init: target | random, num_layers, config: {ModelConfig overrides}, head_vocab_size}
            for a model drafter, or {kind: medusa | hydra | eagle, depth, head_vocab_size, gamma,
-           reg_weight, unroll, generic} for a hidden-state head (`run_train_head`; `unroll`:
-           EAGLE trains that many drafts deep on its own predictions; `generic`: a saved generic
-           head to finetune, e.g. another pair's `drafter-generic`, instead of a pretrain stage),
-  train: {workdir, ...TrainSettings shared by both stages, pretrain: {...}, finetune: {...}}.
+           reg_weight, unroll, generic} for a hidden-state head (`run_train_head`; `unroll`
+           (default 4): how many drafts deep the align stage runs EAGLE on its own predictions;
+           `generic`: a saved head to start from, e.g. another pair's `drafter-generic`,
+           instead of a pretrain stage),
+  train: {workdir, ...TrainSettings shared by the stages, pretrain: {...}, finetune: {...},
+          align: {...} (EAGLE only: after finetuning, the same rows unrolled)}.
 A stage runs when its `steps` > 0. The drafter is saved to `<workdir>/drafter`.
 """
 
@@ -43,6 +45,7 @@ DISTILL_KEYS = ("temperatures", "max_new_tokens", "block_size", "batch_size", "t
 TOP_KEYS = {"seed", "target", "dtype", "languages", "chat", "template", "distributed", "data",
             "distill", "drafter", "train"}
 SOURCE_TYPES = {"tfds", "specbench", "sharegpt", "text", "manpages", "selfgen"}
+STAGES = ("pretrain", "finetune", "align")
 
 
 def check_config(cfg: dict) -> None:
@@ -71,10 +74,16 @@ def check_config(cfg: dict) -> None:
         raise UserError("recipe: data.prompts (the distillation prompts) is missing")
     if stage_settings(cfg, "pretrain") and "pretrain" not in cfg["data"]:
         raise UserError("recipe: train.pretrain has steps but data.pretrain is missing")
+    if stage_settings(cfg, "align") and drafter.get("kind") != "eagle":
+        raise UserError("recipe: train.align unrolls an EAGLE head on its own drafts; "
+                        f"drafter.kind is {drafter.get('kind', 'model')!r}")
+    if "unroll" in drafter and not stage_settings(cfg, "align"):
+        raise UserError("recipe: drafter.unroll is the align stage's depth, but train.align "
+                        "has no steps")
     if drafter.get("generic") and stage_settings(cfg, "pretrain"):
         raise UserError("recipe: drafter.generic is the pretrained head; set train.pretrain "
                         "steps to 0")
-    for stage in ("pretrain", "finetune"):
+    for stage in STAGES:
         s = stage_settings(cfg, stage)
         if s is not None and drafter.get("kind", "model") != "model" and s.loss != "ce":
             raise UserError(f"train.{stage}: loss {s.loss!r}, but a {drafter['kind']} head "
@@ -194,7 +203,7 @@ def init_drafter(cfg: dict, target, token_ids) -> tuple[ModelConfig, dict, np.nd
 
 def stage_settings(cfg: dict, stage: str) -> trainer.TrainSettings | None:
     tcfg = cfg["train"]
-    shared = {k: v for k, v in tcfg.items() if k not in ("workdir", "pretrain", "finetune")}
+    shared = {k: v for k, v in tcfg.items() if k not in ("workdir", *STAGES)}
     merged = {"seed": cfg.get("seed", 0), **shared, **(tcfg.get(stage) or {})}
     if not merged.get("steps"):
         return None
@@ -280,7 +289,10 @@ def run_train_head(cfg: dict, target, workdir: Path, speculative_fn: Callable | 
                    generate_fn: Callable | None) -> Path:
     """A hidden-state head (drafter.kind): pretrained on `data.pretrain` text to draft the
     target's greedy tokens (the generic head, saved to `<workdir>/drafter-generic`), then
-    finetuned on the distilled responses (saved to `<workdir>/drafter`, returned). Each stage's
+    finetuned on the distilled responses (saved to `<workdir>/drafter`, returned), both one
+    draft ahead of the target's features; then (EAGLE, `train.align`) trained on the same
+    responses `drafter.unroll` drafts deep on its own predicted features, as drafting feeds it
+    (EAGLE-3's training-time test; HASS's alignment). Each stage's
     head covers the `head_vocab_size` most frequent ids of its own training text (the head rows
     are the target's, so they can change between stages); the target's features of every row
     are cached (`features_dir`)."""
@@ -298,7 +310,7 @@ def run_train_head(cfg: dict, target, workdir: Path, speculative_fn: Callable | 
                                    lambda: _prompts(cfg, "eval", target, generate_fn))
                     if "eval" in cfg["data"] else [])
     path = None
-    for stage in ("pretrain", "finetune"):
+    for stage in STAGES:
         s = stage_settings(cfg, stage)
         if s is None:
             continue
@@ -330,7 +342,7 @@ def run_train_head(cfg: dict, target, workdir: Path, speculative_fn: Callable | 
             speculative_fn=speculative_fn, tokenizer=target.tokenizer, chat=chat, mesh=mesh,
             loss=heads.head_loss(spec, trainer.head_index(vocab_ids, V),
                                  dcfg.get("reg_weight", 1.0), s.bf16,
-                                 int(dcfg.get("unroll", 1))),
+                                 int(dcfg.get("unroll", 4)) if stage == "align" else 1),
             frozen=shared, param_shardings=jax.tree.map(lambda _: sharding.replicated(mesh), head),
             drafter_fn=lambda h, shared=shared, ids=ids: Drafter(
                 {"shared": shared, "head": h, "vocab_ids": ids}, spec, kind)))

@@ -440,3 +440,27 @@ def test_tiny_eagle_recipe_end_to_end(tmp_path, monkeypatch):
         recipe.check_config({**other, "train": {**other["train"], "pretrain": {"steps": 2}}})
     with pytest.raises(UserError, match="is a eagle head of depth 4; this recipe trains medusa"):
         recipe._generic_head(other["drafter"]["generic"], "medusa", 4, target, init)
+
+    # The align stage starts from the finetuned head and trains it on the same rows, unrolled
+    # `drafter.unroll` drafts deep; the stages before it train one draft ahead.
+    aligned = {**other, "drafter": {**other["drafter"], "unroll": 3,
+                                    "generic": str(tmp_path / "other" / "drafter")},
+               "train": {**other["train"], "workdir": str(tmp_path / "aligned"),
+                         "finetune": {"steps": 0}, "align": {"steps": 2, "loss": "ce"}}}
+    depths, real_loss = [], recipe.heads.head_loss
+    monkeypatch.setattr(recipe.heads, "head_loss",
+                        lambda *a: depths.append(a[-1]) or real_loss(*a))
+    seen.clear()
+    recipe.run_train(aligned)
+    assert depths == [3] and len(seen) == 1
+    np.testing.assert_array_equal(
+        seen[0], jaxspec.load_drafter(tmp_path / "other" / "drafter",
+                                      target=target).params["head"]["fc"])
+    assert ckpt_heads.read_meta(tmp_path / "aligned" / "drafter")["stage"] == "align"
+    depths.clear()
+    recipe.run_train(other | {"train": {**other["train"], "workdir": str(tmp_path / "one")}})
+    assert depths == [1]
+    with pytest.raises(UserError, match="drafter.unroll is the align stage's depth"):
+        recipe.check_config({**other, "drafter": {**other["drafter"], "unroll": 3}})
+    with pytest.raises(UserError, match="train.align unrolls an EAGLE head"):
+        recipe.check_config({**aligned, "drafter": {**aligned["drafter"], "kind": "medusa"}})
