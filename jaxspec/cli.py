@@ -222,8 +222,9 @@ def cmd_plan(args):
     if o.get("into"):
         src = o.get("questions") or "--prompt"
         heads.set_accept(o["into"], p.accept_G, f"jaxspec plan, gamma {o['gamma_max']}, "
-                         f"{len(prompts)} prompts of {src}, {o['dtype']}")
-        print(f"recorded the acceptance in {o['into']}")
+                         f"{len(prompts)} prompts of {src}, {o['dtype']}", p.best_gamma)
+        print(f"recorded the acceptance{' and the best gamma' * bool(p.best_gamma)} in "
+              f"{o['into']}")
 
 
 def cmd_tune_layer_skip(args):
@@ -422,8 +423,9 @@ def parser() -> argparse.ArgumentParser:
     n = sub.add_parser("plan", help="expected speedup of each gamma for a drafter (cost model)")
     _add_prompts(n, limit=10, gamma_max=8)
     n.add_argument("--drafter", help="ngram[:N], layerskip:LAYERS, or a drafter name or path")
-    n.add_argument("--into", help="record the measured per-position acceptance in this "
-                                  "hidden-state drafter (gamma auto starts from it)")
+    n.add_argument("--into", help="record the measured per-position acceptance (gamma auto "
+                                  "starts from it) and the best gamma (its default draft "
+                                  "length) in this hidden-state drafter")
     n.add_argument("--image", action="append", help="an image for each --prompt (a "
                    "vision-language target; questions give theirs in 'images')")
     n.set_defaults(func=cmd_plan)

@@ -78,10 +78,13 @@ def set_tuned(path: str | os.PathLike, tree, note: str) -> None:
     _update(path, tuned_tree=[list(p) for p in tree], tuned_on=note)
 
 
-def set_accept(path: str | os.PathLike, accept_G, note: str) -> None:
+def set_accept(path: str | os.PathLike, accept_G, note: str, gamma: int = 0) -> None:
     """Record in the head at `path` its per-position acceptance and where it was measured
-    (`note`): gamma="auto" starts each row from it (`Drafter.tuned_accept`)."""
-    _update(path, tuned_accept=[round(float(a), 4) for a in accept_G], tuned_accept_on=note)
+    (`note`): gamma="auto" starts each row from it (`Drafter.tuned_accept`). A `gamma` >= 1
+    (the draft length the cost model picks) becomes the length it drafts by default."""
+    tuned = {"tuned_gamma": gamma, "tuned_on": f"best gamma of {note}"} if gamma else {}
+    _update(path, tuned_accept=[round(float(a), 4) for a in accept_G], tuned_accept_on=note,
+            **tuned)
 
 
 def _update(path: str | os.PathLike, **fields) -> None:

@@ -492,6 +492,20 @@ def test_saved_head_drafts_like_the_in_memory_one(target, saved_eagle, reference
     assert a.accept_lengths == b.accept_lengths  # the same drafts, step by step
 
 
+def test_recorded_acceptance_and_gamma_become_the_defaults(target, saved_eagle, tmp_path):
+    """`jaxspec plan --into` records the acceptance and, when some gamma pays, the best one."""
+    path, _, _ = saved_eagle
+    tuned = shutil.copytree(path, tmp_path / "eagle")
+    heads.set_accept(tuned, [0.5, 0.25], "measured by hand", 0)  # no gamma pays: kept
+    assert heads.read_meta(tuned)["tuned_gamma"] == 3
+    heads.set_accept(tuned, [0.6, 0.4], "measured by hand", 2)
+    meta = heads.read_meta(tuned)
+    assert (meta["tuned_gamma"], meta["tuned_on"]) == (2, "best gamma of measured by hand")
+    loaded = jaxspec.load_drafter(tuned, target=target)
+    assert loaded.spec.tuned_gamma == 2 and loaded.tuned_accept == (0.6, 0.4)
+    assert jaxspec.speculative_generate(target, loaded, PROMPTS, max_new_tokens=4).gamma == 2
+
+
 def test_a_tuned_tree_in_the_checkpoint_is_the_default(target, saved_eagle, reference, stop,
                                                         tmp_path):
     path, _, _ = saved_eagle
