@@ -235,7 +235,8 @@ def test_checkpoint_round_trip_and_refusals(cycling, trained, tiny, tmp_path):
 def test_recipe_takes_the_streams_layers():
     from jaxspec.config import load_yaml
     from jaxspec.training import recipe
-    cfg = load_yaml(CONFIGS / "deen_gemma3_eagle.yaml")
-    recipe.check_config({**cfg, "drafter": {**cfg["drafter"], "kind": "streams", "top": 2}})
+    cfg = load_yaml(CONFIGS / "deen_gemma3_streams.yaml")
+    assert cfg["drafter"]["top"] == 2
+    recipe.check_config(cfg)
     with pytest.raises(UserError, match="tops"):
-        recipe.check_config({**cfg, "drafter": {**cfg["drafter"], "kind": "streams", "tops": 2}})
+        recipe.check_config({**cfg, "drafter": {**cfg["drafter"], "tops": 2}})
