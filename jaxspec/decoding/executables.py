@@ -43,18 +43,20 @@ def _source_digest() -> str:
 def entry(fn, statics: dict, args, donate: tuple[int, ...]) -> Path | None:
     """Where `fn` compiled for these statics and arguments is kept; None when the cache is off
     (JAXSPEC_COMPILATION_CACHE=0), `fn` donates arguments, they live on more than one device,
-    or an executable read back for this key failed before (`Checked`)."""
-    if os.environ.get("JAXSPEC_COMPILATION_CACHE", "1") == "0" or donate:
+    the process is one of several (an executable is tied to its process's devices), or an
+    executable read back for this key failed before (`Checked`)."""
+    if (os.environ.get("JAXSPEC_COMPILATION_CACHE", "1") == "0" or donate
+            or jax.process_count() > 1):
         return None
     leaves = jax.tree.leaves(args)
-    if any(len(getattr(a, "sharding", None) and a.sharding.device_set or ()) > 1
-           for a in leaves):
+    devices = {d.id for a in leaves if hasattr(a, "sharding") for d in a.sharding.device_set}
+    if len(devices) > 1:
         return None
     device = jax.devices()[0]
     parts = (fn.__module__, fn.__qualname__, sorted(statics.items()),
              jax.tree.structure(args), [(a.shape, str(a.dtype)) for a in leaves],
              _source_digest(), jax.__version__, jax.lib.__version__, sys.version,
-             device.platform, device.device_kind, jax.device_count(),
+             device.platform, device.device_kind, jax.device_count(), sorted(devices),
              os.environ.get("XLA_FLAGS", ""), jax.config.jax_enable_x64,
              jax.config.jax_default_matmul_precision)
     with np.printoptions(threshold=sys.maxsize):  # an array in a static setting, written whole

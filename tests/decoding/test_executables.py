@@ -48,3 +48,13 @@ def test_functions_that_donate_arguments_are_not_kept(tmp_path, monkeypatch):
     args = (jnp.arange(3),)
     assert executables.entry(_twice, {}, args, ()) is not None
     assert executables.entry(_twice, {}, args, (0,)) is None
+
+
+def test_a_process_of_several_keeps_no_executables(tmp_path, monkeypatch):
+    """An executable is tied to its process's devices: two processes of one job sharing a cache
+    read each other's back and failed at the first call ("Expected args ... to have 1 shards")."""
+    monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path))
+    args = (jnp.arange(3),)
+    assert executables.entry(_twice, {}, args, ()) is not None
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    assert executables.entry(_twice, {}, args, ()) is None
