@@ -8,7 +8,8 @@ Keys (see configs/*.yaml):
   distributed (null | auto | {coordinator_address, num_processes, process_id}),
   data: {prompts, pretrain, eval}: source specs for `data.load_source` (eval also takes `num`),
   distill: {out_dir, temperatures, max_new_tokens, block_size, batch_size, top_k, top_p, stop,
-           partial (train on the shards finished so far)},
+           partial (train on the shards finished so far), also (out_dirs of earlier
+           distillations, e.g. with another prompt seed, trained on beside out_dir's)},
   drafter: {init: target | random, num_layers, config: {ModelConfig overrides}, head_vocab_size}
            for a model drafter, or {kind: medusa | hydra | eagle, depth, head_vocab_size, gamma,
            reg_weight, unroll, generic} for a hidden-state head (`run_train_head`; `unroll`
@@ -63,7 +64,9 @@ def check_config(cfg: dict) -> None:
         unknown("data", [name], ("prompts", "pretrain", "eval"))
         if spec.get("type") not in SOURCE_TYPES:
             raise UserError(f"data.{name}: type must be one of {sorted(SOURCE_TYPES)}")
-    unknown("distill", cfg["distill"], ("out_dir", "partial", *DISTILL_KEYS))
+    unknown("distill", cfg["distill"], ("out_dir", "partial", "also", *DISTILL_KEYS))
+    if not isinstance(cfg["distill"].get("also", []), list):
+        raise UserError("distill.also must be a list of distillation out_dirs")
     drafter = cfg.get("drafter", {})
     unknown("drafter", drafter, ("init", "num_layers", "config", "head_vocab_size", "kind",
                                  "depth", "gamma", "reg_weight", "unroll", "generic", "top"))
@@ -169,14 +172,22 @@ def run_distill(cfg: dict, generate_fn: Callable | None = None) -> Path:
 
 
 def distilled(cfg: dict) -> list[dict]:
-    """The distilled records; with `distill.partial: true`, those of the shards finished so
-    far (training may start before a long distillation ends), counted on stderr."""
+    """The distilled records of every source (`distilled_sources`), one list."""
+    return [r for records, _ in distilled_sources(cfg) for r in records]
+
+
+def distilled_sources(cfg: dict) -> list[tuple[list[dict], Path]]:
+    """The records of `distill.out_dir` (with `distill.partial: true`, those of the shards
+    finished so far, counted on stderr: training may start before a long distillation ends)
+    and of each `distill.also` directory (complete), each with where the target's features over
+    it are cached."""
     dcfg = cfg["distill"]
     records = distill.read_distilled(dcfg["out_dir"], require_complete=not dcfg.get("partial"))
     if dcfg.get("partial"):
         print(f"jaxspec: training on {len(records)} distilled records (distill.partial)",
               file=sys.stderr)
-    return records
+    return [(records, features_dir(dcfg["out_dir"]))] + [
+        (distill.read_distilled(d), features_dir(d)) for d in dcfg.get("also", [])]
 
 
 def init_drafter(cfg: dict, target, token_ids) -> tuple[ModelConfig, dict, np.ndarray | None]:
@@ -265,10 +276,27 @@ def embed_source(cfg: dict) -> str | None:
             and cfg.get("drafter", {}).get("init", "target") == "target" else None)
 
 
-def features_dir(cfg: dict) -> Path:
-    """Where the target's features are cached: next to the distilled data, so heads of every
-    kind trained on the same rows share them."""
-    return Path(cfg["distill"]["out_dir"]).parent / "features"
+def features_dir(out_dir: str | Path) -> Path:
+    """Where the target's features over a distillation's rows are cached: next to them, so
+    heads of every kind trained on the same rows share them."""
+    return Path(out_dir).parent / "features"
+
+
+def _rows_and_features(target, sources, seq_len: int, pad: int, labels: bool,
+                       feature_layer: int | None) -> tuple[np.ndarray, np.ndarray, dict]:
+    """Training rows of every (examples, features dir) source and the target's features over
+    them (and its greedy labels with `labels`), cached per source, so a source added to a
+    recipe costs only its own rows."""
+    tokens, mask, extra = [], [], []
+    for examples, fdir in sources:
+        t, m = heads.example_rows(examples, seq_len, pad)
+        out = heads.target_features(target, t, fdir, heads.row_lengths(m), labels=labels,
+                                    feature_layer=feature_layer)
+        tokens.append(t)
+        mask.append(m)
+        extra.append(dict(zip(("features", "labels"), out if labels else (out,))))
+    return (np.concatenate(tokens), np.concatenate(mask),
+            {k: np.concatenate([e[k] for e in extra]) for k in extra[0]})
 
 
 def _generic_head(path, kind: str, depth: int, target, fresh: dict) -> dict:
@@ -318,23 +346,22 @@ def run_train_head(cfg: dict, target, workdir: Path, speculative_fn: Callable | 
             texts = _cached_source(cfg, "pretrain", workdir / "pretrain_texts.json",
                                    lambda: data.to_texts(data.load_source(
                                        cfg["data"]["pretrain"], target, generate_fn)))
-            examples = data.text_examples(target.tokenizer, texts, eos[0])
+            sources = [(data.text_examples(target.tokenizer, texts, eos[0]),
+                        features_dir(cfg["distill"]["out_dir"]))]
         else:
-            examples = data.distilled_examples(distilled(cfg))
+            sources = [(data.distilled_examples(records), fdir)
+                       for records, fdir in distilled_sources(cfg)]
         vocab_ids = np.arange(V, dtype=np.int32)
         if dcfg.get("head_vocab_size"):
             vocab_ids = drafter_init.frequent_vocab(
-                [[t for t, m in zip(ids, mask) if m] for ids, mask in examples],
-                int(dcfg["head_vocab_size"]), V, always=eos)
+                [[t for t, m in zip(ids, mask) if m] for examples, _ in sources
+                 for ids, mask in examples], int(dcfg["head_vocab_size"]), V, always=eos)
         shared = spec.shared(target.params, vocab_ids)
         ids = jnp.asarray(vocab_ids)
-        tokens, mask = heads.example_rows(examples, s.seq_len, pad)
         # Pretraining text is any text: the target's own greedy tokens, from the same forward
         # as its features, are the labels (no generation).
-        extra = heads.target_features(target, tokens, features_dir(cfg), heads.row_lengths(mask),
-                                      labels=stage == "pretrain",
-                                      feature_layer=spec.feature_layer)
-        extra = dict(zip(("features", "labels"), extra if stage == "pretrain" else (extra,)))
+        tokens, mask, extra = _rows_and_features(target, sources, s.seq_len, pad,
+                                                 stage == "pretrain", spec.feature_layer)
         mesh = sharding.make_mesh(*s.mesh)
         head = trainer.host_params(trainer.train(
             s, target.config, head, data.Batches(tokens, mask, s.batch_size, s.seed, **extra),

@@ -4,6 +4,7 @@ resume after SIGKILL, 8 simulated devices, and the recipe end to end."""
 
 import functools
 import json
+import shutil
 from pathlib import Path
 
 import jax
@@ -464,3 +465,20 @@ def test_tiny_eagle_recipe_end_to_end(tmp_path, monkeypatch):
         recipe.check_config({**other, "drafter": {**other["drafter"], "unroll": 3}})
     with pytest.raises(UserError, match="train.align unrolls an EAGLE head"):
         recipe.check_config({**aligned, "drafter": {**aligned["drafter"], "kind": "medusa"}})
+
+    # Another distillation's rows (distill.also) are trained on beside out_dir's, the target's
+    # features over them cached beside them.
+    shutil.copytree(tmp_path / "distill", tmp_path / "more" / "distill")
+    rows = []
+    monkeypatch.setattr(recipe.trainer, "train",
+                        lambda s, config, params, batches, *a, **kw:
+                        rows.append(len(batches.tokens_RxL)) or real(s, config, params, batches,
+                                                                     *a, **kw))
+    also = {**other, "distill": {**other["distill"], "also": [str(tmp_path / "more" / "distill")]},
+            "train": {**other["train"], "workdir": str(tmp_path / "also")}}
+    recipe.run_train(also)
+    recipe.run_train(other | {"train": {**other["train"], "workdir": str(tmp_path / "alone")}})
+    assert rows[0] == 2 * rows[1] > 0
+    assert list((tmp_path / "more" / "features").glob("*/features-00000.npy"))
+    with pytest.raises(UserError, match="distill.also must be a list"):
+        recipe.check_config({**also, "distill": {**also["distill"], "also": "runs/x"}})
