@@ -9,12 +9,13 @@ first (docs/training.md).
 `0.25 0.5`, then `--second`)."""
 import argparse, json, time
 from pathlib import Path
-import jax, jax.numpy as jnp, numpy as np, yaml
+import jax, jax.numpy as jnp, numpy as np
 import jaxspec
 from jaxspec import sharding
 from jaxspec.config import load_yaml
 from jaxspec.drafters import hidden
 from jaxspec.training import data, distill, drafter_init, heads, recipe, trainer
+from heads_dev_acceptance import dev_rows  # beside this file
 
 ap = argparse.ArgumentParser()
 ap.add_argument("fractions", nargs="*", type=float, default=[0.25, 0.5, 1.0])
@@ -52,15 +53,7 @@ if a.second:
                                np.concatenate([mask[:n_train], m2]),
                                np.concatenate([feats[:n_train], f2]))
 
-# dev 1-40: the target's greedy translations, as `jaxspec bench` prompts them
-b = yaml.safe_load(open("configs/bench/deen_dev.yaml"))
-qs = [json.loads(line)["turns"][0] for line in open(b["questions"])][:40]
-prompts = [b["template"].format(prompt=q) for q in qs]
-res = jaxspec.generate(target, prompts, max_new_tokens=64, stop="\n")
-dev = [(target.tokenizer.encode(p) + r, [0] * len(target.tokenizer.encode(p)) + [1] * len(r))
-       for p, r in zip(prompts, res.token_ids)]
-dtok, dmask = heads.example_rows(dev, s.seq_len, pad)
-dfeat = heads.target_features(target, dtok, "runs/heads_curve/devfeats", heads.row_lengths(dmask))
+dtok, dmask, dfeat = dev_rows(target, "deen", 0, 40)
 
 out_path = Path("runs/heads_curve/curve.json")
 out = json.loads(out_path.read_text()) if out_path.exists() else {}
