@@ -18,7 +18,8 @@ worth verifying (`has_draft`; gamma "auto" gives the others a plain step), a sha
 (`fixed_shape`, `extend`: hybrid.py, lookahead.py), what it learns from the target's verification
 (`observe`: lookahead.py), whether it reads the target's features (`reads_features`,
 `feature_layer`), which drafters cost alike (`cost_key`), the params it holds beyond the target's
-(`own_params`), and the shape it was tuned for (`tuned_gamma`, `tuned_tree`).
+(`own_params`), and the shape it was tuned for (`tuned_gamma`, `tuned_tree`: read by the host;
+`loop_spec` drops them, so the loop compiled for one serves drafters tuned differently).
 
 A drafter's cache must hold positions [0, length - 2) on entry; on exit it may hold more, since
 the caller rolls back by lowering lengths. The verifier never looks inside the drafter.
@@ -77,7 +78,7 @@ class Drafter:
 
     @property
     def bare(self) -> "Drafter":
-        return Drafter(self.params, self.spec)
+        return Drafter(self.params, self.spec.loop_spec())
 
 
 class DraftSpec:
@@ -121,6 +122,11 @@ class DraftSpec:
 
     def draft_dynamic(self, params, state, inp: DraftInput, dtree: DynamicTree) -> Draft:
         raise NotImplementedError
+
+    def loop_spec(self) -> "DraftSpec":
+        """The spec the decode loop is compiled for: this one less what only the host reads
+        (the tuned shape), so drafters that differ only there share an executable."""
+        return self
 
     def own_params(self, params):
         """Its params that are not the target's (what memory planning counts): all of them."""

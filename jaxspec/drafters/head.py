@@ -80,6 +80,9 @@ class HiddenSpec(DraftSpec):
     drafts_trees = True
     max_verified_depth = None  # the deepest tree the target may verify between two drafts
 
+    def loop_spec(self) -> "HiddenSpec":
+        return dataclasses.replace(self, tuned_gamma=None, tuned_tree=None)
+
     @property
     def cost_key(self) -> str:
         """Heads of one kind and depth cost the same in the decode loop, whatever their

@@ -46,6 +46,9 @@ class HybridSpec(DraftSpec):
     def validate(self, params, target) -> None:
         self.head.validate(params, target)
 
+    def loop_spec(self) -> "HybridSpec":
+        return dataclasses.replace(self, head=self.head.loop_spec())
+
     def init(self, params, inp: DraftInput):
         return self.head.init(params, inp)
 

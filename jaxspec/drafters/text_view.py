@@ -45,6 +45,9 @@ class TextViewSpec(DraftSpec):
     def validate(self, params, target) -> None:
         self.inner.validate(params, target)
 
+    def loop_spec(self) -> "TextViewSpec":
+        return dataclasses.replace(self, inner=self.inner.loop_spec())
+
     def own_params(self, params):
         return self.inner.own_params(params)
 

@@ -33,7 +33,7 @@ import pytest
 
 import jaxspec
 from jaxspec.checkpoints import heads
-from jaxspec.decoding import speculative, trees
+from jaxspec.decoding import runner, speculative, trees
 from jaxspec.decoding.sampling import Sampling, probs
 from jaxspec.drafters.base import Drafter, DraftInput
 from jaxspec.drafters.eagle import EagleSpec
@@ -504,6 +504,12 @@ def test_recorded_acceptance_and_gamma_become_the_defaults(target, saved_eagle, 
     loaded = jaxspec.load_drafter(tuned, target=target)
     assert loaded.spec.tuned_gamma == 2 and loaded.tuned_accept == (0.6, 0.4)
     assert jaxspec.speculative_generate(target, loaded, PROMPTS, max_new_tokens=4).gamma == 2
+    # The tuned shape is the host's: heads tuned differently share one compiled loop.
+    before = runner.DECODER.compiles
+    assert jaxspec.speculative_generate(target, jaxspec.load_drafter(path, target=target),
+                                        PROMPTS, gamma=2, max_new_tokens=4).gamma == 2
+    assert runner.DECODER.compiles == before
+    assert loaded.bare.spec == jaxspec.load_drafter(path, target=target).bare.spec
 
 
 def test_a_tuned_tree_in_the_checkpoint_is_the_default(target, saved_eagle, reference, stop,
