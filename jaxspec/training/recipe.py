@@ -295,8 +295,8 @@ def _rows_and_features(target, sources, seq_len: int, pad: int, labels: bool,
         tokens.append(t)
         mask.append(m)
         extra.append(dict(zip(("features", "labels"), out if labels else (out,))))
-    return (np.concatenate(tokens), np.concatenate(mask),
-            {k: np.concatenate([e[k] for e in extra]) for k in extra[0]})
+    cat = lambda xs: xs[0] if len(xs) == 1 else np.concatenate(xs)  # noqa: E731 (one: no copy)
+    return cat(tokens), cat(mask), {k: cat([e[k] for e in extra]) for k in extra[0]}
 
 
 def _generic_head(path, kind: str, depth: int, target, fresh: dict) -> dict:
