@@ -6,6 +6,7 @@ of 1-4 drafts (docs/results/heads_data.md).
 import argparse, json
 import numpy as np, yaml
 import jaxspec
+from jaxspec.decoding import plan
 from jaxspec.training import heads
 
 SEQ_LEN = 128  # the recipes' train.seq_len
@@ -31,12 +32,6 @@ def acceptance(drafter, rows) -> list[float]:
     return [round(float(x), 3) for x in h / np.maximum(c, 1)]
 
 
-def chain_tokens(acc: list[float]) -> list[float]:
-    """Expected tokens a step of a greedy chain of g = 1..len(acc): 1 + a1 + a1 a2 + ..."""
-    return [round(1 + sum(float(np.prod(acc[:j + 1])) for j in range(g)), 3)
-            for g in range(1, len(acc) + 1)]
-
-
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("heads", nargs="+")
@@ -51,4 +46,5 @@ if __name__ == "__main__":
         for name, rows in sets.items():
             acc = acceptance(drafter, rows)
             print(json.dumps({"head": path, "set": name, "accept": acc,
-                              "chain_tokens": chain_tokens(acc)}), flush=True)
+                              "chain_tokens": [round(plan.expected_tokens(acc, g), 3)
+                                               for g in range(1, len(acc) + 1)]}), flush=True)

@@ -1,8 +1,8 @@
 """Plain and head (gamma 2) decoding on 12 real de->en sentences, two passes each (docs/results/
 roofline.md): `python docs/results/loop_copies_ab.py LABEL bfloat16|int8`, run once per code
 version (an older one through PYTHONPATH=<worktree>)."""
-import json, time, sys, jax, jaxspec
-tpl = "Translate German to English:Ich trinke jeden Morgen einen Kaffee.\nEnglish: I drink a coffee every morning.\n{prompt}\nEnglish:"
+import json, time, sys, yaml, jaxspec
+tpl = yaml.safe_load(open("configs/bench/deen_dev.yaml"))["template"]
 qs = [json.loads(l)["turns"][0].split(":", 1)[1] for l in open("../shared/data/specbench/deen_question.jsonl")][:12]
 prompts = [tpl.format(prompt=q) for q in qs]
 target = jaxspec.load("gemma3-270m", dtype=sys.argv[2])
