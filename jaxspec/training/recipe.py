@@ -14,8 +14,8 @@ Keys (see configs/*.yaml):
            for a model drafter, or {kind: medusa | hydra | eagle, depth, head_vocab_size, gamma,
            reg_weight, unroll, generic} for a hidden-state head (`run_train_head`; `unroll`
            (default 4): how many drafts deep the align stage runs EAGLE on its own predictions;
-           `generic`: a saved head to start from, e.g. another pair's `drafter-generic`,
-           instead of a pretrain stage),
+           `generic`: a saved head or a shipped drafter's name to start from instead of a
+           pretrain stage, e.g. another pair's `drafter-generic` or `gemma3-270m-deen-drafter`),
   train: {workdir, ...TrainSettings shared by the stages, pretrain: {...}, finetune: {...},
           align: {...} (EAGLE only: after finetuning, the same rows unrolled)}.
 A stage runs when its `steps` > 0. The drafter is saved to `<workdir>/drafter`.
@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import sharding
+from jaxspec import loading, sharding
 from jaxspec.checkpoints import heads as ckpt_heads
 from jaxspec.config import ModelConfig
 from jaxspec.drafters import hidden
@@ -300,9 +300,9 @@ def _rows_and_features(target, sources, seq_len: int, pad: int, labels: bool,
 
 
 def _generic_head(path, kind: str, depth: int, target, fresh: dict) -> dict:
-    """The head saved at `path`, checked to be a `kind` head of `depth` for `target` with the
-    shapes of a `fresh` one."""
-    meta, head = ckpt_heads.load(path)
+    """The head saved at `path` (or a shipped drafter's name), checked to be a `kind` head of
+    `depth` for `target` with the shapes of a `fresh` one."""
+    meta, head = ckpt_heads.load(loading.resolve(path))
     ckpt_heads.check_target(meta, target, path)
     if (meta["kind"], meta["depth"]) != (kind, depth):
         raise UserError(f"drafter.generic {path} is a {meta['kind']} head of depth "

@@ -426,6 +426,9 @@ def test_tiny_eagle_recipe_end_to_end(tmp_path, monkeypatch):
     other["drafter"]["generic"] = str(tmp_path / "train" / "drafter-generic")
     generic = recipe._generic_head(other["drafter"]["generic"], "eagle", 4, target, init)
     np.testing.assert_array_equal(generic["fc"], fc[1])
+    # A shipped drafter's name is resolved too (and refused here: it reads Gemma 3 270M).
+    with pytest.raises(UserError, match="gemma3-270m-deen-drafter was trained for a target"):
+        recipe._generic_head("gemma3-270m-deen-drafter", "eagle", 4, target, init)
     seen, real = [], recipe.trainer.train
 
     def first_params(s, config, params, *a, **kw):
