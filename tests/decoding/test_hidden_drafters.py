@@ -237,9 +237,10 @@ def test_gemma3_sliding_window_eagle_matches_generate(tiny):
     _check_stats(res, 3)
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", ["medusa", "hydra"])
 def test_gemma3_270m_untrained_head_matches_generate(gemma3, kind):
-    """The real target (the session fixture) with an untrained head of each kind, ragged batch."""
+    """The real target (the session fixture) with an untrained head, ragged batch (EAGLE on it:
+    the shipped heads, tests/checkpoints/test_shipped_drafters.py)."""
     prompts = ["Translate German to English:Guten Morgen, wie geht es dir?\nEnglish:",
                "Translate German to English:Das Wetter ist heute sehr schön, und wir gehen "
                "spazieren.\nEnglish:"]
