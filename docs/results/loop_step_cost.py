@@ -1,6 +1,7 @@
 """Wall ms per decode-loop step, plain and a head at gamma 1 / 2 (6 de->en dev sentences, 64
 tokens each without a stop, prefill subtracted, two rounds), and the XLA op groups a gamma-2
-step adds over a plain one (docs/results/heads_data.md):
+step adds over a plain one, and each step's op time by output shape (products told apart)
+(docs/results/heads_data.md):
 `python docs/results/loop_step_cost.py [HEAD]` (2026-12-07)."""
 import collections
 import json
@@ -50,14 +51,20 @@ for _ in range(2):
 print("step cost in plain steps:",
       {g: round(sum(v) / sum(ms[0]), 3) for g, v in ms.items()})
 
-groups = {}
-for g in (0, 2):
+groups, shapes = {}, {}
+for g in (0, 0, 1, 2):  # plain twice: the lower of its two traces
     out = {}
-    r = op_profile.trace(lambda: out.setdefault("r", run(g, 64)), runner.DECODER.hlo_texts)
-    n = steps(g, out["r"])
-    groups[g] = {k: v / n for k, v in r["groups_ms"].items()}
-    print(f"gamma {g}: XLA ops {r['op_ms'] / n:.2f} ms a step, products "
-          f"{100 * r['product_share']:.0f}%")
+    for by, into in (("op", groups), ("shape", shapes)):
+        r = op_profile.trace(lambda: out.update(r=run(g, 64)), runner.DECODER.hlo_texts, by)
+        n = steps(g, out["r"])
+        ms = {k: v / n for k, v in r["groups_ms"].items()}
+        into[g] = ({k: min(v, into[g].get(k, 0)) for k, v in ms.items()} if g in into else ms)
+        if by == "op":
+            print(f"gamma {g}: XLA ops {r['op_ms'] / n:.2f} ms a step, products "
+                  f"{100 * r['product_share']:.0f}%")
 added = {k: groups[2].get(k, 0) - groups[0].get(k, 0) for k in groups[0].keys() | groups[2]}
 for k, v in sorted(added.items(), key=lambda kv: -abs(kv[1]))[:15]:
     print(f"{v:8.2f} ms a step  {k}")
+print("ms a step by output shape (summed over threads), plain / gamma 1 / gamma 2:")
+for k in sorted(set().union(*shapes.values()), key=lambda k: -shapes[2].get(k, 0))[:16]:
+    print("  ".join(f"{shapes[g].get(k, 0):7.2f}" for g in (0, 1, 2)) + f"  {k}")

@@ -15,7 +15,7 @@ from typing import Callable, Iterable
 
 import jax
 
-_INSTR = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = \S+ ([\w\-]+)\(")
+_INSTR = re.compile(r"^\s*(?:ROOT )?%([\w.\-]+) = (\S+) ([\w\-]+)\(")
 _CALLS = re.compile(r"calls=%([\w.\-]+)")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _COMP = re.compile(r"^%([\w.\-]+) \(")
@@ -23,9 +23,10 @@ _MODULE = re.compile(r"^HloModule (\S+?),")
 _PRODUCTS = ("dot", "convolution")
 
 
-def _products(hlo_texts: Iterable[str]) -> dict[tuple[str, str], tuple[bool, str]]:
+def _products(hlo_texts: Iterable[str]) -> dict[tuple[str, str], tuple[bool, str, str]]:
     """(module, instruction) -> (is a matrix product, the op name it came from, or that of the
-    first named instruction of the computation it calls) for every instruction of the modules."""
+    first named instruction of the computation it calls, its output shape) for every
+    instruction of the modules."""
     out = {}
     for text in hlo_texts:
         module, comp, product_name, first_name, instrs = "", None, {}, {}, []
@@ -35,25 +36,29 @@ def _products(hlo_texts: Iterable[str]) -> dict[tuple[str, str], tuple[bool, str
             elif m := _COMP.match(line):
                 comp = m.group(1)
             elif m := _INSTR.match(line):
-                name, opcode = m.groups()
+                name, shape, opcode = m.groups()
                 callee, op_name = _CALLS.search(line), _OP_NAME.search(line)
                 op_name = op_name.group(1) if op_name else ""
                 if opcode in _PRODUCTS:
                     product_name[comp] = product_name.get(comp) or op_name or "dot"
                 if op_name:
                     first_name.setdefault(comp, op_name)
-                instrs.append((name, opcode, callee and callee.group(1), op_name))
-        for name, opcode, callee, op_name in instrs:
+                instrs.append((name, shape, opcode, callee and callee.group(1), op_name))
+        for name, shape, opcode, callee, op_name in instrs:
             product = product_name.get(callee)
             out[(module, name)] = (opcode in _PRODUCTS or bool(product),
-                                   op_name or product or first_name.get(callee, ""))
+                                   op_name or product or first_name.get(callee, ""), shape)
     return out
 
 
-def trace(run: Callable[[], object], hlo_texts: Callable[[], Iterable[str]]) -> dict:
+def trace(run: Callable[[], object], hlo_texts: Callable[[], Iterable[str]],
+          by: str = "op") -> dict:
     """Run `run()` under the profiler; `hlo_texts()` (called after) gives the compiled modules'
-    text. Returns total op milliseconds, the matrix products' share, and per group of ops
-    (fusion kind and source op, e.g. "ynn_fusion dot_general") their milliseconds."""
+    text. Returns total op milliseconds, the matrix products' share, and per group of ops their
+    milliseconds: fusion kind and source op (`by` "op", e.g. "ynn_fusion dot_general") or
+    output shape (`by` "shape", e.g. "ynn_fusion f32[2048,3]{1,0}", telling products apart)."""
+    if by not in ("op", "shape"):
+        raise ValueError(f"by must be 'op' or 'shape', not {by!r}")
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):
             run()
@@ -68,10 +73,11 @@ def trace(run: Callable[[], object], hlo_texts: Callable[[], Iterable[str]]) -> 
                 if "hlo_op" not in stats:
                     continue
                 ms = event.duration_ns / 1e6
-                is_product, op_name = kinds.get((stats.get("hlo_module", ""), stats["hlo_op"]),
-                                                (False, ""))
+                is_product, op_name, shape = kinds.get(
+                    (stats.get("hlo_module", ""), stats["hlo_op"]), (False, "", ""))
                 kind = re.sub(r"\.\d+$", "", stats["hlo_op"])
-                groups[f"{kind} {op_name.rsplit('/', 1)[-1]}".strip()] += ms
+                what = shape if by == "shape" else op_name.rsplit("/", 1)[-1]
+                groups[f"{kind} {what}".strip()] += ms
                 total += ms
                 products += ms if is_product else 0.0
     return {"op_ms": total, "product_share": products / total if total else 0.0,

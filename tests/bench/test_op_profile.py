@@ -6,11 +6,11 @@ import jax.numpy as jnp
 from jaxspec.bench import op_profile
 
 
-def _profiled(fn, *args):
+def _profiled(fn, *args, by="op"):
     compiled = jax.jit(fn).lower(*args).compile()
-    compiled(*args).block_until_ready()
-    return op_profile.trace(lambda: compiled(*args).block_until_ready(),
-                            lambda: [compiled.as_text()])
+    jax.block_until_ready(compiled(*args))
+    return op_profile.trace(lambda: jax.block_until_ready(compiled(*args)),
+                            lambda: [compiled.as_text()], by)
 
 
 def test_a_product_and_an_elementwise_op_are_told_apart():
@@ -23,3 +23,12 @@ def test_a_product_and_an_elementwise_op_are_told_apart():
     assert elementwise["product_share"] == 0.0
     assert any("dot_general" in name for name in product["groups_ms"])
     assert "matrix products" in op_profile.format_trace(product)
+
+
+def test_grouped_by_shape_two_products_stand_apart():
+    a = jnp.ones((256, 512), jnp.float32)
+    two = _profiled(lambda a, b, c: (a @ b, a @ c), a, jnp.ones((512, 1024)), jnp.ones((512, 96)),
+                    by="shape")
+    shapes = [name.split(" ", 1)[-1] for name in two["groups_ms"]]
+    assert any(s.startswith("f32[256,1024]") for s in shapes), shapes
+    assert any(s.startswith("f32[256,96]") for s in shapes), shapes
