@@ -54,14 +54,13 @@ print("step cost in plain steps:",
 groups, shapes = {}, {}
 for g in (0, 0, 1, 2):  # plain twice: the lower of its two traces
     out = {}
-    for by, into in (("op", groups), ("shape", shapes)):
-        r = op_profile.trace(lambda: out.update(r=run(g, 64)), runner.DECODER.hlo_texts, by)
-        n = steps(g, out["r"])
-        ms = {k: v / n for k, v in r["groups_ms"].items()}
-        into[g] = ({k: min(v, into[g].get(k, 0)) for k, v in ms.items()} if g in into else ms)
-        if by == "op":
-            print(f"gamma {g}: XLA ops {r['op_ms'] / n:.2f} ms a step, products "
-                  f"{100 * r['product_share']:.0f}%")
+    r = op_profile.trace(lambda: out.setdefault("r", run(g, 64)), runner.DECODER.hlo_texts)
+    n = steps(g, out["r"])
+    for into, key in ((groups, "groups_ms"), (shapes, "shapes_ms")):
+        ms = {k: v / n for k, v in r[key].items()}
+        into[g] = {k: min(v, into[g].get(k, v)) for k, v in ms.items()} if g in into else ms
+    print(f"gamma {g}: XLA ops {r['op_ms'] / n:.2f} ms a step, products "
+          f"{100 * r['product_share']:.0f}%")
 added = {k: groups[2].get(k, 0) - groups[0].get(k, 0) for k in groups[0].keys() | groups[2]}
 for k, v in sorted(added.items(), key=lambda kv: -abs(kv[1]))[:15]:
     print(f"{v:8.2f} ms a step  {k}")

@@ -51,21 +51,19 @@ def _products(hlo_texts: Iterable[str]) -> dict[tuple[str, str], tuple[bool, str
     return out
 
 
-def trace(run: Callable[[], object], hlo_texts: Callable[[], Iterable[str]],
-          by: str = "op") -> dict:
+def trace(run: Callable[[], object], hlo_texts: Callable[[], Iterable[str]]) -> dict:
     """Run `run()` under the profiler; `hlo_texts()` (called after) gives the compiled modules'
-    text. Returns total op milliseconds, the matrix products' share, and per group of ops their
-    milliseconds: fusion kind and source op (`by` "op", e.g. "ynn_fusion dot_general") or
-    output shape (`by` "shape", e.g. "ynn_fusion f32[2048,3]{1,0}", telling products apart)."""
-    if by not in ("op", "shape"):
-        raise ValueError(f"by must be 'op' or 'shape', not {by!r}")
+    text. Returns total op milliseconds, the matrix products' share, and the milliseconds per
+    group of ops, grouped two ways: by fusion kind and source op (`groups_ms`, e.g. "ynn_fusion
+    dot_general") and by fusion kind and output shape (`shapes_ms`, e.g. "ynn_fusion
+    f32[2048,3]{1,0}": products of different weights stand apart)."""
     with tempfile.TemporaryDirectory() as d:
         with jax.profiler.trace(d):
             run()
         data = jax.profiler.ProfileData.from_file(
             glob.glob(f"{d}/**/*.xplane.pb", recursive=True)[0])
     kinds = _products(hlo_texts())
-    groups, total, products = collections.Counter(), 0.0, 0.0
+    groups, shapes, total, products = collections.Counter(), collections.Counter(), 0.0, 0.0
     for plane in data.planes:
         for line in plane.lines:
             for event in line.events:
@@ -76,12 +74,12 @@ def trace(run: Callable[[], object], hlo_texts: Callable[[], Iterable[str]],
                 is_product, op_name, shape = kinds.get(
                     (stats.get("hlo_module", ""), stats["hlo_op"]), (False, "", ""))
                 kind = re.sub(r"\.\d+$", "", stats["hlo_op"])
-                what = shape if by == "shape" else op_name.rsplit("/", 1)[-1]
-                groups[f"{kind} {what}".strip()] += ms
+                groups[f"{kind} {op_name.rsplit('/', 1)[-1]}".strip()] += ms
+                shapes[f"{kind} {shape}".strip()] += ms
                 total += ms
                 products += ms if is_product else 0.0
     return {"op_ms": total, "product_share": products / total if total else 0.0,
-            "groups_ms": dict(groups.most_common())}
+            "groups_ms": dict(groups.most_common()), "shapes_ms": dict(shapes.most_common())}
 
 
 def format_trace(r: dict, top: int = 10) -> str:
