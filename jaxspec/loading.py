@@ -315,7 +315,8 @@ def load_drafter(name_or_path: str | os.PathLike, dtype=None,
         return hidden_drafter(target, meta["kind"], jax.tree.map(jnp.asarray, head),
                               meta["vocab_ids"], meta["depth"], meta.get("tuned_gamma"),
                               name=str(name_or_path), tuned_tree=meta.get("tuned_tree"),
-                              tuned_accept=meta.get("tuned_accept"), options=meta.get("options"))
+                              tuned_accept=meta.get("tuned_accept"), options=meta.get("options"),
+                              tuned_branch=meta.get("tuned_branch"))
     if dtype is None:
         dtype = "auto" if target is None else target.params["embed"].dtype
     model = load(name_or_path, dtype)

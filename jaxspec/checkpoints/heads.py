@@ -78,6 +78,15 @@ def set_tuned(path: str | os.PathLike, tree, note: str) -> None:
     _update(path, tuned_tree=[list(p) for p in tree], tuned_on=note)
 
 
+def set_branch(path: str | os.PathLike, length: int, note: str) -> None:
+    """Record in the head at `path` that its tuned shape adds n-gram lookup's continuation as a
+    branch of `length` tokens (`hybrid_drafter`), and how that was chosen (`note`); decoding
+    with the head and no gamma or tree then drafts with the branch. 0 removes it."""
+    if length < 0:
+        raise UserError(f"an n-gram branch has length >= 0, got {length}")
+    _update(path, tuned_branch=int(length) or None, tuned_branch_on=note if length else None)
+
+
 def set_accept(path: str | os.PathLike, accept_G, note: str, gamma: int = 0) -> None:
     """Record in the head at `path` its per-position acceptance and where it was measured
     (`note`): gamma="auto" starts each row from it (`Drafter.tuned_accept`). A `gamma` >= 1

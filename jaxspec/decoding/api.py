@@ -8,6 +8,7 @@ from typing import Sequence
 from jaxspec.decoding import profile, runner
 from jaxspec.decoding.runner import GenerationResult, check_auto, encode_prompts
 from jaxspec.decoding.sampling import Sampling
+from jaxspec.drafters.hybrid import hybrid_drafter
 from jaxspec.drafters.model import as_drafter
 from jaxspec.errors import UserError
 
@@ -73,7 +74,9 @@ def speculative_generate(target, drafter, prompts, gamma: int | str | None = Non
     stay exact). The model, layer-skip, n-gram, Medusa, Hydra and EAGLE drafters draft trees.
     An EAGLE head also drafts EAGLE-2's dynamic trees, a shape per row and step (greedy):
     "dynamic:BUDGET[:DEPTH[:WIDTH]]" or a `trees.DynamicTree`.
-    With neither gamma nor tree, a trained drafter's tuned tree, else its tuned gamma, else 4.
+    With neither gamma nor tree, a trained drafter's tuned tree, else its tuned gamma, else 4,
+    with n-gram lookup's branch beside it where the head was tuned with one (`tuned_branch`:
+    `hybrid_drafter`; the head alone at any gamma given, "auto" included).
 
     images (as for `generate`): the target reads them; the drafter sees the text only, each
     image dropped or replaced by `image_placeholder` (a text or token ids), so any language-only
@@ -86,6 +89,8 @@ def speculative_generate(target, drafter, prompts, gamma: int | str | None = Non
         spec = as_drafter(drafter).spec
         tree = spec.tuned_tree
         gamma = None if tree is not None else spec.tuned_gamma or 4
+        if spec.tuned_branch:
+            drafter = hybrid_drafter(as_drafter(drafter), length=spec.tuned_branch)
     if gamma == "auto" and costs is None:
         costs = _measured_costs(target, drafter, gamma_max)
     return runner.DECODER(target, drafter, prompts, gamma=gamma, max_new_tokens=max_new_tokens,

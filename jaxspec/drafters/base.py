@@ -18,8 +18,9 @@ worth verifying (`has_draft`; gamma "auto" gives the others a plain step), a sha
 (`fixed_shape`, `extend`: hybrid.py, lookahead.py), what it learns from the target's verification
 (`observe`: lookahead.py), whether it reads the target's features (`reads_features`,
 `feature_layer`), which drafters cost alike (`cost_key`), the params it holds beyond the target's
-(`own_params`), and the shape it was tuned for (`tuned_gamma`, `tuned_tree`: read by the host;
-`loop_spec` drops them, so the loop compiled for one serves drafters tuned differently).
+(`own_params`), and the shape it was tuned for (`tuned_gamma`, `tuned_tree`, `tuned_branch`: read
+by the host; `loop_spec` drops them, so the loop compiled for one serves drafters tuned
+differently).
 
 A drafter's cache must hold positions [0, length - 2) on entry; on exit it may hold more, since
 the caller rolls back by lowering lengths. The verifier never looks inside the drafter.
@@ -93,6 +94,7 @@ class DraftSpec:
     cost_key = None  # drafters with one key share measured step costs (default: their name)
     tuned_gamma = None  # the draft length it was tuned for
     tuned_tree = None  # the token tree it was tuned for (choices)
+    tuned_branch = None  # the n-gram branch its tuned shape carries (tokens; hybrid.py)
 
     def validate(self, params, target) -> None:
         raise NotImplementedError

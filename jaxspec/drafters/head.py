@@ -66,22 +66,24 @@ def shifted(x_BxL, start: int, S: int):
 @dataclasses.dataclass(frozen=True)
 class HiddenSpec(DraftSpec):
     """A hidden-state drafter for a target with `config`: `depth` heads or stages (medusa,
-    hydra: the longest draft), `tuned_gamma` the draft length it was tuned for and `tuned_tree`
-    the token tree (choices), if one was. Subclasses name their `kind` and implement drafting,
-    `forced_logits` and `init_head` (and `loss` where theirs is not the cross-entropy of their
-    teacher-forced drafts)."""
+    hydra: the longest draft), `tuned_gamma` the draft length it was tuned for, `tuned_tree`
+    the token tree (choices), if one was, and `tuned_branch` the length of the n-gram lookup
+    branch its tuned shape adds (`hybrid.py`), if any. Subclasses name their `kind` and
+    implement drafting, `forced_logits` and `init_head` (and `loss` where theirs is not the
+    cross-entropy of their teacher-forced drafts)."""
 
     config: ModelConfig
     depth: int = 4
     tuned_gamma: int | None = None
     tuned_tree: tuple[tuple[int, ...], ...] | None = None
+    tuned_branch: int | None = None
     kind = ""
     reads_features = True
     drafts_trees = True
     max_verified_depth = None  # the deepest tree the target may verify between two drafts
 
     def loop_spec(self) -> "HiddenSpec":
-        return dataclasses.replace(self, tuned_gamma=None, tuned_tree=None)
+        return dataclasses.replace(self, tuned_gamma=None, tuned_tree=None, tuned_branch=None)
 
     @property
     def cost_key(self) -> str:

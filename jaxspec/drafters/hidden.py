@@ -27,10 +27,12 @@ def _spec_class(kind: str) -> type[HiddenSpec]:
 
 
 def hidden_spec(kind: str, config: ModelConfig, depth: int = 4, tuned_gamma: int | None = None,
-                tuned_tree=None, options: dict | None = None) -> HiddenSpec:
+                tuned_tree=None, options: dict | None = None,
+                tuned_branch: int | None = None) -> HiddenSpec:
     """The spec of a `kind` drafter for a target with `config` (`HiddenSpec`); `options`: the
     kind's own settings (`HiddenSpec.options`)."""
-    return _spec_class(kind)(config, depth, tuned_gamma, tuned_tree, **(options or {}))
+    return _spec_class(kind)(config, depth, tuned_gamma, tuned_tree, tuned_branch=tuned_branch,
+                             **(options or {}))
 
 
 def head_params(kind: str, config: ModelConfig, depth: int, key, target_params=None) -> dict:
@@ -40,12 +42,13 @@ def head_params(kind: str, config: ModelConfig, depth: int, key, target_params=N
 
 def hidden_drafter(target, kind: str, head, vocab_ids=None, depth: int = 4,
                    tuned_gamma: int | None = None, name: str = "", tuned_tree=None,
-                   tuned_accept=None, options: dict | None = None) -> Drafter:
+                   tuned_accept=None, options: dict | None = None,
+                   tuned_branch: int | None = None) -> Drafter:
     """A hidden-state drafter of `kind` over `target` (a jaxspec Model) with trained weights
     `head` (from `head_params` or a checkpoint); `vocab_ids` [K] are the token ids its head
     proposes (default: the whole vocabulary)."""
     tree = None if tuned_tree is None else tuple(tuple(int(r) for r in p) for p in tuned_tree)
-    spec = hidden_spec(kind, target.config, depth, tuned_gamma, tree, options)
+    spec = hidden_spec(kind, target.config, depth, tuned_gamma, tree, options, tuned_branch)
     vocab_ids = (np.arange(target.config.vocab_size) if vocab_ids is None
                  else np.asarray(vocab_ids))
     dtype = target.params["embed"].dtype  # weights in the target's precision

@@ -47,6 +47,7 @@ def test_shipped_drafter_is_exact_on_its_language(name, gemma3_bf16):
     assert meta["target"] == "gemma3-270m" and meta["languages"] == [lang, "en"]
     assert meta["stage"] in ("finetune", "align") and meta["tuned_gamma"] >= 1
     drafter = jaxspec.load_drafter(name, target=gemma3_bf16)
+    assert drafter.spec.tuned_branch == meta.get("tuned_branch")  # its default n-gram branch
     prompts = [TEMPLATE.format(lang=language_name(lang), sentence=s) for s in SENTENCES[lang]]
     greedy = jaxspec.generate(gemma3_bf16, prompts, max_new_tokens=24, stop="\n")
     spec = jaxspec.speculative_generate(gemma3_bf16, drafter, prompts, gamma=meta["tuned_gamma"],

@@ -533,6 +533,30 @@ def test_a_tuned_tree_in_the_checkpoint_is_the_default(target, saved_eagle, refe
     assert default.gamma == explicit.gamma == len(paths) != chain.gamma  # nodes, not gamma 3
 
 
+def test_a_tuned_branch_in_the_checkpoint_is_the_default(target, saved_eagle, reference, stop,
+                                                          tmp_path):
+    """A head tuned with an n-gram branch drafts with it when no shape is given, and alone at
+    a given gamma."""
+    path, _, _ = saved_eagle
+    tuned = shutil.copytree(path, tmp_path / "eagle")
+    heads.set_branch(tuned, 2, "tuned by hand for this test")
+    loaded = jaxspec.load_drafter(tuned, target=target)
+    assert loaded.spec.tuned_branch == 2 and loaded.spec.tuned_gamma == 3
+    default = jaxspec.speculative_generate(target, loaded, PROMPTS, max_new_tokens=MAX_NEW,
+                                           stop=stop)
+    explicit = jaxspec.speculative_generate(target, jaxspec.hybrid_drafter(loaded, 3, 2),
+                                            PROMPTS, gamma=3, max_new_tokens=MAX_NEW, stop=stop)
+    alone = jaxspec.speculative_generate(target, loaded, PROMPTS, gamma=3,
+                                         max_new_tokens=MAX_NEW, stop=stop)
+    assert default.token_ids == explicit.token_ids == alone.token_ids == reference
+    assert default.accept_lengths == explicit.accept_lengths  # the same drafts, step by step
+    assert default.gamma == explicit.gamma == 3 + 2 != alone.gamma  # the chain and the branch
+    heads.set_branch(tuned, 0, "")
+    assert jaxspec.load_drafter(tuned, target=target).spec.tuned_branch is None
+    with pytest.raises(UserError, match="length >= 0"):
+        heads.set_branch(tuned, -1, "")
+
+
 def test_weights_are_stored_in_bfloat16(target, tmp_path):
     for kind in KINDS:
         head = _head(kind, target.config, target.params)
