@@ -76,7 +76,7 @@ def speculative_generate(target, drafter, prompts, gamma: int | str | None = Non
     "dynamic:BUDGET[:DEPTH[:WIDTH]]" or a `trees.DynamicTree`.
     With neither gamma nor tree, a trained drafter's tuned tree, else its tuned gamma, else 4,
     with n-gram lookup's branch beside it where the head was tuned with one (`tuned_branch`:
-    `hybrid_drafter`; the head alone at any gamma given, "auto" included).
+    `hybrid_drafter`; the head alone at any gamma or tree given, "auto" included).
 
     images (as for `generate`): the target reads them; the drafter sees the text only, each
     image dropped or replaced by `image_placeholder` (a text or token ids), so any language-only
