@@ -86,11 +86,12 @@ def speculative_generate(target, drafter, prompts, gamma: int | str | None = Non
     if tree is not None and gamma is not None:
         raise UserError("give gamma (a chain) or tree, not both")
     if gamma is None and tree is None:
-        spec = as_drafter(drafter).spec
+        tuned = as_drafter(drafter)
+        spec = tuned.spec
         tree = spec.tuned_tree
         gamma = None if tree is not None else spec.tuned_gamma or 4
         if spec.tuned_branch:
-            drafter = hybrid_drafter(as_drafter(drafter), length=spec.tuned_branch)
+            drafter = hybrid_drafter(tuned, length=spec.tuned_branch)
     if gamma == "auto" and costs is None:
         costs = _measured_costs(target, drafter, gamma_max)
     return runner.DECODER(target, drafter, prompts, gamma=gamma, max_new_tokens=max_new_tokens,
