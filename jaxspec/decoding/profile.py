@@ -105,7 +105,7 @@ def loop_ms(target, drafter, G: int, tokens: int = 6, rounds: int = 3) -> list[f
     to its place in the round, and the costs come from those ratios: the plain step is the
     median of its samples, and a drafting step that times the least squares line a + b * g
     through each length's median ratio (drafting costs a fixed part and a part per drafted
-    token)."""
+    token), its slope no less than what one more draft costs the drafter alone (`step_line`)."""
     prompt = [[2 + i % 11 for i in range(16)]]
 
     def call(g: int, n: int):
@@ -136,10 +136,20 @@ def loop_ms(target, drafter, G: int, tokens: int = 6, rounds: int = 3) -> list[f
         for i, (g, step_ms) in enumerate(zip(lengths, drafting)):  # against the plain step's
             w = (i + 1) / (len(lengths) + 1)                      # drift over the round
             ratios[g].append(step_ms / ((1 - w) * plain[-2] + w * plain[-1]))
-    medians = [np.median(r) for r in ratios.values()]
-    b, a = np.polyfit(lengths, medians, 1) if len(lengths) > 1 else (0.0, medians[0])
     ms = float(np.median(plain))
-    return [ms] + [ms * float(a + max(b, 0.0) * g) for g in range(1, G + 1)]
+    floor = max(2 * drafter_ms(drafter, target.config, 2) - drafter_ms(drafter, target.config), 0)
+    return [ms] + [ms * c for c in step_line(lengths, [np.median(r) for r in ratios.values()],
+                                             floor / ms, G)]
+
+
+def step_line(lengths, medians, floor: float, G: int) -> list[float]:
+    """Step costs of drafts 1..G on the least squares line a + b * g through each timed
+    length's median cost, its slope at least `floor` (what one more draft costs the drafter
+    alone, in plain steps): a noisy round can tilt the free line flat or downward."""
+    b = float(np.polyfit(lengths, medians, 1)[0]) if len(lengths) > 1 else floor
+    b = max(b, floor)
+    a = float(np.mean(medians)) - b * float(np.mean(lengths))
+    return [a + b * g for g in range(1, G + 1)]
 
 
 def machine_id() -> str:
@@ -152,7 +162,7 @@ def machine_id() -> str:
     return f"{cpu}|{os.cpu_count()} cores|{devices[0].device_kind} x{len(devices)}|jax {jax.__version__}"
 
 
-_FORMAT = 4  # bump when a measurement changes meaning (or the step it times changes speed)
+_FORMAT = 5  # bump when a measurement changes meaning (or the step it times changes speed)
 
 
 def _cache_path(model, model_name: str, dtype: str, drafter: str | None, what: str = "profile"):

@@ -80,6 +80,15 @@ def test_step_costs_are_measured_in_the_loop_once(model, tmp_path, monkeypatch, 
     assert "decode-loop step cost by gamma, in plain steps: 0: 1.000" in prof.format_profile(r)
 
 
+def test_a_noisy_round_cannot_make_longer_drafts_free():
+    """Medians falling with the draft length (noise) give the line the drafter's own
+    per-draft cost as its slope, through their mean; a rising line is kept as fitted."""
+    flat = prof.step_line([1, 2, 4], [1.23, 1.22, 1.20], 0.03, 4)
+    assert flat == pytest.approx([1.1767, 1.2067, 1.2367, 1.2667], abs=1e-4)
+    assert prof.step_line([1, 2, 4], [1.1, 1.2, 1.4], 0.03, 3) == pytest.approx([1.1, 1.2, 1.3])
+    assert prof.step_line([1], [1.1], 0.03, 1) == pytest.approx([1.1])
+
+
 def test_a_damaged_profile_is_measured_again(model, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("JAXSPEC_CACHE", str(tmp_path))
     monkeypatch.setattr(prof, "bandwidth_gbs", lambda: 10.0)
@@ -106,7 +115,8 @@ def test_loop_steps_below_the_timers_noise_still_cost_something(monkeypatch):
                                      wall_time_s=0.002)  # as fast for 1 token as for 24
 
     monkeypatch.setattr(runner, "DECODER", decoder)
-    ms = prof.loop_ms(None, None, 2, tokens=6, rounds=1)
+    monkeypatch.setattr(prof, "drafter_ms", lambda drafter, config, gamma=1: 0.0)
+    ms = prof.loop_ms(types.SimpleNamespace(config=None), None, 2, tokens=6, rounds=1)
     assert len(ms) == 3 and all(t > 0 for t in ms)
     assert ms[0] == pytest.approx(2.0 / 24)  # the whole 24-token call, per step
     assert {6, 12, 24} <= set(calls)
