@@ -355,7 +355,8 @@ def decode_loop(target_params, drafter, state: DecodeState, settings: Settings, 
     `Auto(G)` and `costs_G1` (an array: the step cost of each draft length 0..G relative to a
     plain step) each row picks its own length every step (`plan.choose_gamma`; 0 where the
     drafter has no draft, `has_draft`); the step runs the longest pick, and every row that
-    picked a draft drafts that length.
+    picked a draft drafts that length. A drafter with a `fallback` drafts it on steps where no
+    row `has_draft` (the hybrid: the head alone when lookup has no match).
 
     `max_steps` and `min_done` (ints or traced scalars; None: no bound) also end the loop after
     that many steps, or once at least that many rows are done: a continuous-batching caller then
@@ -379,14 +380,16 @@ def decode_loop(target_params, drafter, state: DecodeState, settings: Settings, 
                          f"{state.accepted_BxG.shape[1]} (prefill's `prior_2xG`)")
     top = settings.top
 
-    def step(t: Tree, state, gamma_B, k_draft, k_accept):
-        """Draft the nodes of `t`, score them and the last token, accept: (accepted drafts [B],
-        emitted tokens, accepted path, its hidden states, target cache, drafter state), the
-        per-depth outputs padded to the depth of `top` (only chains are padded)."""
+    def step(t: Tree, state, gamma_B, k_draft, k_accept, spec=None):
+        """Draft the nodes of `t` (with `spec`, by default the drafter's), score them and the
+        last token, accept: (accepted drafts [B], emitted tokens, accepted path, its hidden
+        states, target cache, drafter state), the per-depth outputs padded to the depth of
+        `top` (a chain or a `fallback` shape is shallower)."""
         g = t.size
         if g:
-            draft = drafter.spec.propose(drafter.params, state.drafter_state,
-                                         state.draft_input(vocab), k_draft, sampling, t)
+            spec = spec or drafter.spec
+            draft = spec.propose(drafter.params, state.drafter_state,
+                                 state.draft_input(vocab), k_draft, sampling, t)
         else:
             draft = Draft(jnp.zeros((B, 0), jnp.int32), None, state.drafter_state)
         draft_BxG, q, dstate, rows = draft.tokens_BxN, draft.q, draft.state, draft.rows
@@ -394,7 +397,7 @@ def decode_loop(target_params, drafter, state: DecodeState, settings: Settings, 
                                                     t if rows is None else rows,
                                                     feature_layer(drafter))
         if g:
-            dstate = drafter.spec.observe(drafter.params, dstate, logits_BxG1xV)
+            dstate = spec.observe(drafter.params, dstate, logits_BxG1xV)
         n_B, emitted_BxA1, path_BxA1 = accept(k_accept, logits_BxG1xV, draft_BxG, q, sampling,
                                               gamma_B, t, rows)
         feats_BxA1xD = jnp.take_along_axis(feats_BxG1xD, path_BxA1[..., None], axis=1)
@@ -404,10 +407,8 @@ def decode_loop(target_params, drafter, state: DecodeState, settings: Settings, 
 
     def body(state: DecodeState) -> DecodeState:
         key, k_draft, k_accept = _split(state.key, 3)
-        if not isinstance(settings.shape, Auto):
-            gamma_B = jnp.full((B,), top.size, jnp.int32)
-            out = step(top, state, gamma_B, k_draft, k_accept)
-        else:
+        fallback = None if drafter is None else drafter.spec.fallback(top)
+        if isinstance(settings.shape, Auto):
             want_B = jnp.where(state.done_B, 0,
                                choose_gamma(state.accepted_BxG, state.tried_BxG, costs_G1))
             want_B = jnp.where(drafter.spec.has_draft(drafter.params, state.drafter_state,
@@ -419,6 +420,17 @@ def decode_loop(target_params, drafter, state: DecodeState, settings: Settings, 
             gamma_B = jnp.where(want_B > 0, branch, 0)
             branches = [functools.partial(step, chain(g)) for g in range(top.size + 1)]
             out = jax.lax.switch(branch, branches, state, gamma_B, k_draft, k_accept)
+        elif fallback is None:
+            gamma_B = jnp.full((B,), top.size, jnp.int32)
+            out = step(top, state, gamma_B, k_draft, k_accept)
+        else:  # the whole shape only when a row has the draft it adds
+            spec, small = fallback
+            full = jnp.any(drafter.spec.has_draft(drafter.params, state.drafter_state,
+                                                  state.draft_input(vocab)) & ~state.done_B)
+            gamma_B = jnp.full((B,), jnp.where(full, top.size, small.size), jnp.int32)
+            out = jax.lax.cond(full, functools.partial(step, top),
+                               functools.partial(step, small, spec=spec),
+                               state, gamma_B, k_draft, k_accept)
         n_B, emitted_BxA1, path_BxA1, feats_BxA1xD, cache, dstate = out
         cache = compact(cache, state.lengths_B - 1, path_BxA1, n_B)
         state = track(state, gamma_B, n_B)

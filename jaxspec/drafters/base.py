@@ -15,7 +15,8 @@ hands a chain to `draft_chain`, which every spec implements, a static tree to `d
 (`drafts_trees`) and a dynamic one to `draft_dynamic` (`drafts_dynamic_trees`, EAGLE-2). The other
 abilities are declared with their defaults, so the loop asks, never probes: which rows have a draft
 worth verifying (`has_draft`; gamma "auto" gives the others a plain step), a shape of its own
-(`fixed_shape`, `extend`: hybrid.py, lookahead.py), what it learns from the target's verification
+(`fixed_shape`, `extend`: hybrid.py, lookahead.py) and the smaller one a step takes when no row
+has a draft (`fallback`: hybrid.py), what it learns from the target's verification
 (`observe`: lookahead.py), whether it reads the target's features (`reads_features`,
 `feature_layer`), which drafters cost alike (`cost_key`), the params it holds beyond the target's
 (`own_params`), and the shape it was tuned for (`tuned_gamma`, `tuned_tree`, `tuned_branch`: read
@@ -141,6 +142,11 @@ class DraftSpec:
     def extend(self, tree):
         """The tree the target verifies when `tree` is asked for: `tree` itself."""
         return tree
+
+    def fallback(self, tree):
+        """(spec, tree) a step drafts instead of `tree` (as `extend` gave it) when no row
+        `has_draft`: the same state, a smaller shape. None: every step drafts `tree`."""
+        return None
 
     def observe(self, params, state, logits_BxN1xV):
         """The drafter state after the target scored the root and every node: unchanged."""

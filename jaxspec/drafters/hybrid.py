@@ -4,8 +4,9 @@ Each step the head drafts its chain or tree, and n-gram lookup's continuation of
 the same tree as one more branch under the root (`trees.with_branch`): the target verifies both
 in one call. Greedy acceptance keeps the deepest accepted node, so where the two branches begin
 alike the longer accepted path wins; sampling applies the sibling rule with the branch's one-hot
-q (its drafts are a function of the text), so the output stays exact either way. Without a match
-the branch repeats the last token, as `NgramSpec.draft_chain` does: verified, rarely accepted.
+q (its drafts are a function of the text), so the output stays exact either way. A step where no
+row's text has a match verifies the head's shape alone (`fallback`; on real sentences most steps
+have none).
 """
 
 from __future__ import annotations
@@ -63,6 +64,14 @@ class HybridSpec(DraftSpec):
             raise UserError(f"a {self.head.kind} drafter follows trees up to {limit} deep; with "
                             f"the n-gram branch the tree is {out.max_depth} deep")
         return out
+
+    def has_draft(self, params, state, inp: DraftInput):
+        """Rows where lookup has a match: only they get the branch's nodes verified."""
+        return self.ngram.has_draft({}, (), inp)
+
+    def fallback(self, tree: Tree):
+        """Without a match in any row, the head's own shape."""
+        return self.head, branch(tree)[0]
 
     def draft_tree(self, params, state, inp: DraftInput, key, sampling, tree: Tree) -> Draft:
         rest, rest_N, branch_A = branch(tree)

@@ -101,12 +101,26 @@ def test_both_branches_are_accepted_and_output_equals_generate(cycling, clone_he
     assert res.tau > max(ngram.tau, head.tau) + 0.2
 
 
+def test_a_step_without_a_match_verifies_the_head_alone(cycling, clone_head):
+    """A prompt of one token has nothing to look up: the first step drafts the head's chain of
+    1 alone; once the text cycles, steps carry the branch of 4 too. Either way the output is
+    `generate`'s; with two rows, a step carries the branch when either row has a match."""
+    hybrid = jaxspec.hybrid_drafter(clone_head, 3, 4)
+    for prompts in ([[7]], [[7], PROMPTS[0]]):
+        res = jaxspec.speculative_generate(cycling, hybrid, prompts, max_new_tokens=20, gamma=1)
+        assert res.token_ids == jaxspec.generate(cycling, prompts, 20).token_ids
+        firsts = [row[0] for row in res.draft_lengths]
+        assert firsts == ([1] if len(prompts) == 1 else [5, 5])
+        assert 5 in res.draft_lengths[0]
+
+
 @pytest.mark.parametrize("prompt,branch", [(_exact.PROMPT, 7), ([1, 5, 2, 7, 3, 6, 4], 4)],
                          ids=["branch-matches", "no-match"])
 def test_sampling_matches_target_distribution(small_target, prompt, branch):
-    """With PROMPT lookup proposes 7 then 1; the other prompt has no repeat, so the branch
-    repeats its last token, 4. The target gives the branch's first token real but not full
-    mass, and the head's own draws are sometimes that token as well."""
+    """With PROMPT lookup proposes 7 then 1; the other prompt has no repeat, so its first
+    step drafts the head alone (the second may find the first token drawn). The target gives
+    the branch's first token real but not full mass, and the head's own draws are sometimes
+    that token as well."""
     s = Sampling(1.0)
     cfg = small_target.config
     head = hidden_drafter(small_target, "eagle",
