@@ -6,7 +6,8 @@ in one call. Greedy acceptance keeps the deepest accepted node, so where the two
 alike the longer accepted path wins; sampling applies the sibling rule with the branch's one-hot
 q (its drafts are a function of the text), so the output stays exact either way. A step where no
 row's text has a match verifies the head's shape alone (`fallback`; on real sentences most steps
-have none).
+have none); in a step that carries the branch, a row without a match repeats its last token
+there, as `NgramSpec.draft_chain` does.
 """
 
 from __future__ import annotations
